@@ -1,0 +1,1 @@
+"""RLHF with PaddlePaddle."""

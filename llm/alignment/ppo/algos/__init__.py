@@ -1,0 +1,13 @@
+"""Pure tensor functions of RL alignment, registered by name (see registry.py).
+
+Importing this package registers every algorithm; the trainer looks them up by config value.
+"""
+
+from llm.alignment.ppo.algos.registry import (  # noqa: F401
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    LR_SCHEDULES,
+    POLICY_LOSSES,
+)
+from llm.alignment.ppo.algos import advantages, kl, losses, schedules, token_stats  # noqa: E402,F401

@@ -1,0 +1,51 @@
+"""Token-level losses and their aggregation over the response mask."""
+
+import paddle
+
+from llm.alignment.ppo.algos.registry import LOSS_AGGREGATIONS, POLICY_LOSSES
+
+
+@LOSS_AGGREGATIONS.register("token-mean")
+def token_mean(values, mask):
+    """Mean over every valid token of the batch: long responses weigh more (DAPO's choice)."""
+    mask = mask.astype(values.dtype)
+    return (values * mask).sum() / mask.sum().clip(min=1.0)
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-mean")
+def seq_mean_token_mean(values, mask):
+    """Mean over tokens inside each response, then over responses: every response weighs the same (GRPO paper)."""
+    mask = mask.astype(values.dtype)
+    per_sequence = (values * mask).sum(axis=-1) / mask.sum(axis=-1).clip(min=1.0)
+    return per_sequence.mean()
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum")
+def seq_mean_token_sum(values, mask):
+    """Sum over tokens inside each response, then mean over responses (Dr.GRPO, up to a constant)."""
+    return (values * mask.astype(values.dtype)).sum(axis=-1).mean()
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip_policy_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
+    """PPO clipped surrogate with separate bounds: ratio is clipped to [1 - clip_low, 1 + clip_high].
+
+    Returns the per-token loss [B, R] and a dict of scalar statistics over valid tokens:
+    `clipfrac_low` (negative advantage, ratio below the low bound), `clipfrac_high` (positive
+    advantage, ratio above the high bound) and `approx_kl` (k3 estimate of KL(old || new)).
+    """
+    log_ratio = logprobs - old_logprobs
+    ratio = paddle.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * paddle.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = paddle.maximum(unclipped, clipped)
+    with paddle.no_grad():
+        dtype = logprobs.dtype
+        low = ((ratio < 1.0 - clip_low) & (advantages < 0)).astype(dtype)
+        high = ((ratio > 1.0 + clip_high) & (advantages > 0)).astype(dtype)
+        stats = {
+            "clipfrac_low": token_mean(low, mask),
+            "clipfrac_high": token_mean(high, mask),
+            "approx_kl": token_mean(paddle.exp(log_ratio) - 1.0 - log_ratio, mask),
+        }
+    return loss, stats

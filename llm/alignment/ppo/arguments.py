@@ -1,0 +1,178 @@
+"""Arguments of RL alignment, read from one JSON file with PaddleNLP's `PdArgumentParser`.
+
+Key names follow PaddleNLP's `llm/alignment/ppo` where the meaning is the same, so its configs work here.
+Everything is checked at start: unknown keys and impossible combinations stop the run with a message
+naming the key.
+"""
+
+import dataclasses
+import difflib
+import json
+from dataclasses import dataclass, field
+from typing import Optional
+
+from paddlenlp.trainer import PdArgumentParser, TrainingArguments
+
+from llm.alignment.ppo.algos import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    LR_SCHEDULES,
+)
+from llm.alignment.ppo.rewards import REWARD_TASKS
+
+# Other names users' PaddleNLP configs use for the same setting.
+KEY_ALIASES = {"num_return_sequences": "rollout_n"}
+
+
+@dataclass
+class ModelArgument:
+    actor_model_name_or_path: str = field(metadata={"help": "Local path of the policy (actor) model."})
+    reference_model_name_or_path: Optional[str] = field(
+        default=None, metadata={"help": "Frozen reference model for the KL term; defaults to the actor's path."}
+    )
+    tokenizer_name_or_path: Optional[str] = field(default=None, metadata={"help": "Tokenizer path; defaults to the actor's."})
+
+
+@dataclass
+class DataArgument:
+    train_datasets: str = field(metadata={"help": "Prompt jsonl file(s) for rollouts, comma separated."})
+    eval_datasets: Optional[str] = field(default=None, metadata={"help": "Held-out prompt jsonl file(s), comma separated."})
+    prompt_key: str = field(default="src", metadata={"help": "Column holding the prompt."})
+    label_key: str = field(default="tgt", metadata={"help": "Column holding the reference answer given to the reward."})
+    max_prompt_len: int = field(default=1024, metadata={"help": "Prompts with more tokens are skipped (and counted)."})
+    max_length: int = field(default=2048, metadata={"help": "Upper bound of prompt plus response tokens."})
+    max_eval_samples: int = field(default=0, metadata={"help": "Evaluate on at most this many prompts (0: all)."})
+
+
+@dataclass
+class RLTrainingArguments(TrainingArguments):
+    rl_algorithm: str = field(default="grpo", metadata={"help": "Advantage estimator: " + ", ".join(ADVANTAGE_ESTIMATORS.names())})
+    rollout_n: int = field(default=8, metadata={"help": "Samples per prompt (alias: num_return_sequences)."})
+    per_device_prompt_batch_size: int = field(default=1, metadata={"help": "Prompts per rank per RL step."})
+    max_dec_len: int = field(default=512, metadata={"help": "Most tokens generated per response."})
+    min_dec_len: int = field(default=1, metadata={"help": "EOS is forbidden before this many tokens."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass during rollout."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature during rollout."})
+    repetition_penalty: float = field(default=1.0, metadata={"help": "CTRL-style repetition penalty during rollout."})
+    update_iters: int = field(default=1, metadata={"help": "Passes over each rollout batch."})
+    kl_loss_coeff: float = field(default=0.001, metadata={"help": "Weight of the KL-to-reference loss (0 disables the reference model)."})
+    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2 or k3."})
+    clip_range_ratio: float = field(default=0.2, metadata={"help": "PPO ratio clip, both sides unless _low/_high are given."})
+    clip_range_ratio_low: Optional[float] = field(default=None, metadata={"help": "Lower clip: ratio >= 1 - this."})
+    clip_range_ratio_high: Optional[float] = field(default=None, metadata={"help": "Upper clip: ratio <= 1 + this (DAPO clip-higher)."})
+    clip_range_score: float = field(default=50.0, metadata={"help": "Rewards are clipped to [-this, this]."})
+    loss_agg_mode: str = field(default="token-mean", metadata={"help": "Loss aggregation: " + ", ".join(LOSS_AGGREGATIONS.names())})
+    norm_adv_by_std_in_grpo: bool = field(default=True, metadata={"help": "Divide group advantages by the group std (False: Dr.GRPO)."})
+    min_learning_rate: float = field(default=0.0, metadata={"help": "The schedule decays to this learning rate."})
+    use_rm_server: bool = field(default=False, metadata={"help": "Score responses with the reward server."})
+    reward_server: str = field(default="http://127.0.0.1:8731", metadata={"help": "URL of the reward server."})
+    reward_server_timeout: float = field(default=60.0, metadata={"help": "Seconds to wait for one reward request."})
+    reward_server_max_retries: int = field(default=3, metadata={"help": "Attempts per reward request before stopping."})
+    use_rule_reward: bool = field(default=False, metadata={"help": "Score responses in-process with the rule reward of reward_task."})
+    reward_task: str = field(default="kk", metadata={"help": "Rule reward task: " + ", ".join(sorted(REWARD_TASKS))})
+    sample_log_interval: int = field(default=5, metadata={"help": "Write a table of sample completions every logging_steps * this steps."})
+    num_sample_logs: int = field(default=4, metadata={"help": "Rows in each sample table."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.lr_scheduler_type = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
+        if self.clip_range_ratio_low is None:
+            self.clip_range_ratio_low = self.clip_range_ratio
+        if self.clip_range_ratio_high is None:
+            self.clip_range_ratio_high = self.clip_range_ratio
+        self.validate_rl()
+
+    @property
+    def rollout_batch_size(self):
+        """Responses generated per rank per RL step."""
+        return self.per_device_prompt_batch_size * self.rollout_n
+
+    @property
+    def optimizer_steps_per_rl_step(self):
+        micro_batches = self.rollout_batch_size // self.per_device_train_batch_size
+        return self.update_iters * micro_batches // self.gradient_accumulation_steps
+
+    def validate_rl(self):
+        choices = {
+            "rl_algorithm": ADVANTAGE_ESTIMATORS,
+            "kl_estimator": KL_ESTIMATORS,
+            "loss_agg_mode": LOSS_AGGREGATIONS,
+            "lr_scheduler_type": LR_SCHEDULES,
+        }
+        for key, registry in choices.items():
+            value = getattr(self, key)
+            if value not in registry.names():
+                raise ValueError(f"{key}={value!r} is not available; choose from {registry.names()}")
+        positive = ["rollout_n", "per_device_prompt_batch_size", "max_dec_len", "update_iters", "max_steps", "reward_server_max_retries"]
+        for key in positive:
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        if self.rl_algorithm == "grpo" and self.rollout_n < 2:
+            raise ValueError(f"rollout_n={self.rollout_n}: GRPO compares samples of one prompt, so it needs rollout_n >= 2")
+        if not 0 <= self.min_dec_len <= self.max_dec_len:
+            raise ValueError(f"min_dec_len={self.min_dec_len} must lie in [0, max_dec_len={self.max_dec_len}]")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        for key in ["clip_range_ratio_low", "clip_range_ratio_high", "clip_range_score", "kl_loss_coeff"]:
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.clip_range_ratio_low >= 1:
+            raise ValueError(f"clip_range_ratio_low={self.clip_range_ratio_low} must be < 1 (ratios are positive)")
+        if not 0 <= self.min_learning_rate <= self.learning_rate:
+            raise ValueError(f"min_learning_rate={self.min_learning_rate} must lie in [0, learning_rate={self.learning_rate}]")
+        if self.use_rm_server == self.use_rule_reward:
+            raise ValueError("set exactly one of use_rm_server (reward server) and use_rule_reward (in-process rule reward)")
+        if self.use_rule_reward and self.reward_task not in REWARD_TASKS:
+            raise ValueError(f"reward_task={self.reward_task!r} is not registered; choose from {sorted(REWARD_TASKS)}")
+        if self.rollout_batch_size % self.per_device_train_batch_size:
+            raise ValueError(
+                f"per_device_prompt_batch_size * rollout_n = {self.rollout_batch_size} responses must split into "
+                f"micro-batches of per_device_train_batch_size={self.per_device_train_batch_size}"
+            )
+        micro_batches = self.rollout_batch_size // self.per_device_train_batch_size
+        if (self.update_iters * micro_batches) % self.gradient_accumulation_steps:
+            raise ValueError(
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps} must divide the "
+                f"{self.update_iters * micro_batches} micro-batches of one RL step (update_iters * rollout_batch / per_device_train_batch_size)"
+            )
+
+
+ARGUMENT_CLASSES = (ModelArgument, DataArgument, RLTrainingArguments)
+
+
+def parse_arguments(argv, argument_classes=ARGUMENT_CLASSES):
+    """`argv` = [config.json, --key value ...]: the JSON file first, command-line overrides after it."""
+    if not argv or not argv[0].endswith(".json"):
+        raise ValueError("usage: <script> CONFIG.json [--key value ...]")
+    parser = PdArgumentParser(argument_classes)
+    try:
+        tokens = parser.read_json(argv[0]) + list(argv[1:])
+    except json.JSONDecodeError as error:
+        raise ValueError(f"config file {argv[0]} is not valid JSON: {error}") from None
+    tokens = [resolve_key(token, argument_classes) if token.startswith("--") else token for token in tokens]
+    parsed = parser.parse_args_into_dataclasses(args=tokens, look_for_args_file=False)
+    validate_lengths(parsed)
+    return parsed
+
+
+def resolve_key(token, argument_classes):
+    """Map an alias to its key and reject keys that no argument class knows, suggesting the closest one."""
+    key = KEY_ALIASES.get(token[2:], token[2:])
+    valid = {f.name for cls in argument_classes for f in dataclasses.fields(cls) if f.init}
+    if key not in valid:
+        hint = difflib.get_close_matches(key, valid, n=1)
+        raise ValueError(f"unknown config key {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else ""))
+    return f"--{key}"
+
+
+def validate_lengths(parsed):
+    data_args = next((a for a in parsed if isinstance(a, DataArgument)), None)
+    training_args = next((a for a in parsed if isinstance(a, RLTrainingArguments)), None)
+    if data_args and training_args and data_args.max_prompt_len + training_args.max_dec_len > data_args.max_length:
+        raise ValueError(
+            f"max_prompt_len={data_args.max_prompt_len} + max_dec_len={training_args.max_dec_len} exceeds "
+            f"max_length={data_args.max_length}"
+        )

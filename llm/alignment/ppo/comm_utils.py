@@ -1,0 +1,31 @@
+"""Masked statistics and reductions of metrics over the data-parallel ranks (Paddle collectives only)."""
+
+import paddle
+import paddle.distributed as dist
+
+
+def masked_mean(values, mask, axis=None):
+    mask = mask.astype(values.dtype)
+    return (values * mask).sum(axis=axis) / mask.sum(axis=axis).clip(min=1.0)
+
+
+def is_distributed():
+    return dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_scalars(values, op=dist.ReduceOp.SUM):
+    """Reduce a dict of python floats over all ranks with `op`; a no-op in a single process."""
+    if not values or not is_distributed():
+        return dict(values)
+    keys = sorted(values)
+    stacked = paddle.to_tensor([float(values[k]) for k in keys], dtype="float64")
+    dist.all_reduce(stacked, op=op)
+    return dict(zip(keys, stacked.numpy().tolist()))
+
+
+def mean_over_ranks(values):
+    """Average per-rank metrics (each rank holds the same number of samples)."""
+    if not is_distributed():
+        return dict(values)
+    world = dist.get_world_size()
+    return {k: v / world for k, v in all_reduce_scalars(values).items()}

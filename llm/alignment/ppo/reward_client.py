@@ -1,0 +1,97 @@
+"""Client of the reward server, as the trainer uses it.
+
+Connection errors, timeouts and 5xx answers are retried with exponential backoff; anything else that
+is wrong raises `RewardServerError` at once. It never returns made-up scores: training on rewards
+that were never computed would be silently wrong.
+"""
+
+import math
+import time
+
+import requests
+
+
+class RewardServerError(RuntimeError):
+    """The reward server refused a request, answered nonsense, or stayed unreachable."""
+
+
+class RetryableError(Exception):
+    """A failure worth another attempt: the server may be restarting or overloaded."""
+
+
+class RewardServerClient:
+    def __init__(self, url, timeout=30.0, max_retries=3, backoff=1.0):
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"reward server url must start with http:// or https://, got {url!r}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if backoff < 0:
+            raise ValueError(f"backoff must be >= 0 seconds, got {backoff}")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.session = requests.Session()
+
+    def health(self):
+        """The server's `{"status", "task", "max_score"}`."""
+        return self._request("GET", "/health")
+
+    def score(self, src, tgt, response):
+        """One float per response, in order."""
+        batch = {"src": list(src), "tgt": list(tgt), "response": list(response)}
+        body = self._request("POST", "/", json=batch)
+        scores, expected = body.get("score"), len(batch["response"])
+        if not isinstance(scores, list) or len(scores) != expected:
+            count = len(scores) if isinstance(scores, list) else type(scores).__name__
+            raise RewardServerError(f"reward server at {self.url} returned {count} scores for {expected} responses")
+        if not all(is_real_number(score) for score in scores):
+            raise RewardServerError(f"reward server at {self.url} returned non-numeric scores: {scores[:8]}")
+        return [float(score) for score in scores]
+
+    def _request(self, method, path, **kwargs):
+        attempts = self.max_retries + 1
+        for attempt in range(attempts):
+            try:
+                return self._request_once(method, path, **kwargs)
+            except RetryableError as error:
+                last_error = error
+            if attempt + 1 < attempts:
+                time.sleep(self.backoff * 2**attempt)
+        raise RewardServerError(
+            f"reward server at {self.url} stayed unreachable after {attempts} attempts; last error: {last_error}"
+        )
+
+    def _request_once(self, method, path, **kwargs):
+        try:
+            answer = self.session.request(method, self.url + path, timeout=self.timeout, **kwargs)
+        except (requests.ConnectionError, requests.Timeout) as error:
+            raise RetryableError(f"{type(error).__name__}: {error}") from error
+        body = json_object_or_none(answer)
+        message = body.get("error_msg") if body is not None else None
+        if not isinstance(message, str):
+            message = answer.text[:300]
+        if answer.status_code >= 500:
+            raise RetryableError(f"HTTP {answer.status_code}: {message}")
+        where = f"reward server at {self.url} ({method} {path})"
+        if answer.status_code >= 400:
+            raise RewardServerError(f"{where} rejected the request with HTTP {answer.status_code}: {message}")
+        if body is None:
+            raise RewardServerError(f"{where} answered with something other than a JSON object: {message}")
+        if body.get("error_code", 0) != 0:
+            raise RewardServerError(f"{where} reported error_code {body['error_code']}: {message}")
+        return body
+
+
+def json_object_or_none(answer):
+    try:
+        body = answer.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def is_real_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

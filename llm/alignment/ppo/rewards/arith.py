@@ -1,0 +1,16 @@
+"""Reward of the tiny demo task: sums of single digits written as `a+b+c=`."""
+
+import re
+
+from llm.alignment.ppo.rewards import register_reward
+
+_INTEGER = re.compile(r"-?\d{1,6}")
+
+
+@register_reward("arith", max_score=1.0)
+def arith_reward(src, tgt, response):
+    """1.0 when the response is exactly the expected integer (surrounding spaces allowed), else 0.0."""
+    answer = response.strip()
+    if not _INTEGER.fullmatch(answer):
+        return 0.0
+    return 1.0 if int(answer) == int(tgt) else 0.0

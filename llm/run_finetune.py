@@ -1,0 +1,67 @@
+"""Supervised fine-tuning (the warm start for RL) on `src`/`tgt` jsonl, with paddlenlp's Trainer.
+
+    python llm/run_finetune.py config/tiny/sft_argument.json [--key value ...]
+
+`dataset_name_or_path` is a folder with train.json (and optionally dev.json), one {"src", "tgt"} object
+per line, as in PaddleNLP. The loss covers the target tokens and EOS only. The model and tokenizer are
+saved to `output_dir`.
+"""
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+if not __package__:  # run as a script path: make the repository root importable
+    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+
+import paddle
+from paddlenlp.data import DataCollatorForSeq2Seq
+from paddlenlp.trainer import Trainer, TrainingArguments, set_seed
+from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
+
+from llm.alignment.ppo.arguments import parse_arguments
+from llm.alignment.ppo.data import SupervisedDataset
+
+
+@dataclass
+class FinetuneModelArgument:
+    model_name_or_path: str = field(metadata={"help": "Local path of the model to fine-tune."})
+
+
+@dataclass
+class FinetuneDataArgument:
+    dataset_name_or_path: str = field(metadata={"help": "Folder with train.json and optionally dev.json (src/tgt jsonl)."})
+    max_length: int = field(default=2048, metadata={"help": "Longest prompt + target in tokens; longer ones are cut."})
+    prompt_key: str = field(default="src", metadata={"help": "Column holding the prompt."})
+    label_key: str = field(default="tgt", metadata={"help": "Column holding the target."})
+
+
+def main(argv):
+    model_args, data_args, training_args = parse_arguments(argv, (FinetuneModelArgument, FinetuneDataArgument, TrainingArguments))
+    paddle.set_device(training_args.device)
+    set_seed(training_args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path)
+
+    def dataset(split):
+        path = os.path.join(data_args.dataset_name_or_path, f"{split}.json")
+        if split == "dev" and not os.path.isfile(path):
+            return None
+        return SupervisedDataset(path, tokenizer, data_args.max_length, data_args.prompt_key, data_args.label_key)
+
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=dataset("train"),
+        eval_dataset=dataset("dev"),
+        tokenizer=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=SupervisedDataset.IGNORE_INDEX),
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    if trainer.eval_dataset is not None:
+        trainer.log(trainer.evaluate())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,240 @@
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+from werkzeug.serving import make_server
+
+from llm.alignment.ppo import reward_client
+from llm.alignment.ppo.reward_client import RewardServerClient, RewardServerError
+from llm.alignment.ppo.reward_server import create_app
+
+MAX_BATCH = 8
+MAX_CONTENT_LENGTH = 16 * 1024
+
+TGT = "(1) Zoey is a knight\n(2) Oliver is a knave"
+RIGHT = "Zoey is honest.</think>\n<answer>(1) Zoey is a knight\n(2) Oliver is a knave</answer><|im_end|>"
+WRONG_ROLE = "Hmm.</think>\n<answer>(1) Zoey is a knave\n(2) Oliver is a knave</answer>"
+NO_TAGS = "Zoey is a knight and Oliver is a knave."
+SRC = "<|im_start|>user\nZoey says ...<|im_end|>\n<|im_start|>assistant\n<think>"
+
+
+@pytest.fixture(scope="module")
+def server_url():
+    app = create_app("kk", max_batch=MAX_BATCH, max_content_length=MAX_CONTENT_LENGTH)
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    thread.join(timeout=5)
+
+
+def post(url, body, **kwargs):
+    data = body if isinstance(body, (bytes, str, Iterator)) else json.dumps(body)
+    return requests.post(url + "/", data=data, headers={"Content-Type": "application/json"}, timeout=10, **kwargs)
+
+
+def batch(*responses):
+    return {"src": [SRC] * len(responses), "tgt": [TGT] * len(responses), "response": list(responses)}
+
+
+def assert_error(answer, status, *words):
+    assert answer.status_code == status
+    body = answer.json()
+    assert set(body) == {"error_code", "error_msg", "score"}
+    assert body["error_code"] != 0 and isinstance(body["error_code"], int)
+    assert body["score"] == []
+    for word in words:
+        assert word in body["error_msg"]
+
+
+def test_scores_a_batch(server_url):
+    answer = post(server_url, batch(RIGHT, WRONG_ROLE, NO_TAGS))
+    assert answer.status_code == 200
+    assert answer.json() == {"error_code": 0, "error_msg": "Success", "score": [3.0, -0.5, -3.0]}
+
+
+def test_empty_batch_gets_empty_scores(server_url):
+    assert post(server_url, batch()).json() == {"error_code": 0, "error_msg": "Success", "score": []}
+
+
+def test_health(server_url):
+    answer = requests.get(server_url + "/health", timeout=10)
+    assert answer.status_code == 200
+    assert answer.json() == {"status": "ok", "task": "kk", "max_score": 3.0}
+
+
+BAD_REQUESTS = {
+    "malformed_json": ('{"src": [', 400, ["not valid JSON"]),
+    "not_utf8": (b"\xff\xfe{}", 400, ["not valid JSON"]),
+    "body_is_a_list": ([1, 2], 400, ["JSON object", "array"]),
+    "missing_key": ({"src": [SRC], "tgt": [TGT]}, 400, ["'response'"]),
+    "value_not_a_list": ({"src": SRC, "tgt": [TGT], "response": [RIGHT]}, 400, ["'src'", "list of strings", "string"]),
+    "item_not_a_string": (
+        {"src": [SRC, SRC], "tgt": [TGT, TGT], "response": [RIGHT, 7]},
+        400,
+        ["response[1]", "number"],
+    ),
+    "null_item": ({"src": [None], "tgt": [TGT], "response": [RIGHT]}, 400, ["src[0]", "null"]),
+    "unequal_lengths": (
+        {"src": [SRC] * 2, "tgt": [TGT] * 3, "response": [RIGHT] * 2},
+        400,
+        ["src=2", "tgt=3", "response=2"],
+    ),
+    "batch_too_large": (batch(*[RIGHT] * (MAX_BATCH + 1)), 413, [f"{MAX_BATCH + 1} items", f"max_batch={MAX_BATCH}"]),
+    "body_too_large": (batch("x" * (MAX_CONTENT_LENGTH + 1)), 413, [f"max_content_length={MAX_CONTENT_LENGTH}"]),
+    "reward_raises": (
+        {"src": [SRC, SRC], "tgt": [TGT, "nonsense"], "response": [RIGHT, RIGHT]},
+        500,
+        ["item 1", "nonsense"],
+    ),
+}
+
+
+@pytest.mark.parametrize("body, status, words", BAD_REQUESTS.values(), ids=BAD_REQUESTS.keys())
+def test_bad_requests_get_json_errors_and_the_server_keeps_serving(server_url, body, status, words):
+    assert_error(post(server_url, body), status, *words)
+    assert post(server_url, batch(RIGHT)).json()["score"] == [3.0]
+
+
+def test_chunked_body_over_the_limit_is_refused_not_truncated(server_url):
+    body = json.dumps(batch("x" * MAX_CONTENT_LENGTH)).encode()
+    chunks = (body[start : start + 1024] for start in range(0, len(body), 1024))
+    assert_error(post(server_url, chunks), 413, f"max_content_length={MAX_CONTENT_LENGTH}")
+    small = json.dumps(batch(RIGHT)).encode()
+    assert post(server_url, iter([small[:10], small[10:]])).json()["score"] == [3.0]
+
+
+def test_reward_exception_logs_a_traceback(server_url, caplog):
+    with caplog.at_level(logging.ERROR, logger="llm.alignment.ppo.reward_server"):
+        post(server_url, {"src": [SRC], "tgt": ["nonsense"], "response": [RIGHT]})
+    assert any(record.exc_info and "item 0" in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "method, path, status",
+    [
+        ("GET", "/nowhere", 404),
+        ("POST", "/score", 404),
+        ("GET", "/", 405),
+        ("PUT", "/", 405),
+        ("POST", "/health", 405),
+    ],
+)
+def test_unknown_paths_and_methods_get_json_errors(server_url, method, path, status):
+    answer = requests.request(method, server_url + path, timeout=10)
+    assert_error(answer, status, path)
+
+
+def test_fifty_concurrent_requests_all_answered_correctly(server_url):
+    cases = [(RIGHT, 3.0), (WRONG_ROLE, -0.5), (NO_TAGS, -3.0)]
+
+    def score_one(index):
+        responses = [cases[(index + offset) % 3][0] for offset in range(index % MAX_BATCH + 1)]
+        expected = [cases[(index + offset) % 3][1] for offset in range(index % MAX_BATCH + 1)]
+        return post(server_url, batch(*responses)).json()["score"], expected
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(pool.map(score_one, range(50)))
+    assert len(results) == 50
+    for scores, expected in results:
+        assert scores == expected
+
+
+# ---------------------------------------------------------------- client
+
+
+def test_client_health_and_score(server_url):
+    client = RewardServerClient(server_url, timeout=5)
+    assert client.health() == {"status": "ok", "task": "kk", "max_score": 3.0}
+    assert client.score([SRC] * 3, [TGT] * 3, [RIGHT, WRONG_ROLE, NO_TAGS]) == [3.0, -0.5, -3.0]
+
+
+def test_client_raises_at_once_on_4xx(server_url, monkeypatch):
+    sleeps = []
+    monkeypatch.setattr(reward_client.time, "sleep", sleeps.append)
+    client = RewardServerClient(server_url, timeout=5, max_retries=3, backoff=1.0)
+    with pytest.raises(RewardServerError, match=r"HTTP 400: src, tgt and response must have the same length"):
+        client.score([SRC], [TGT, TGT], [RIGHT])
+    with pytest.raises(RewardServerError, match=r"HTTP 413: .*max_batch=8"):
+        client.score([SRC] * 9, [TGT] * 9, [RIGHT] * 9)
+    assert sleeps == []
+
+
+def test_client_retries_5xx_then_gives_up_with_the_last_error(server_url, monkeypatch):
+    sleeps = []
+    monkeypatch.setattr(reward_client.time, "sleep", sleeps.append)
+    client = RewardServerClient(server_url, timeout=5, max_retries=2, backoff=0.5)
+    with pytest.raises(RewardServerError, match=r"after 3 attempts.*HTTP 500: reward 'kk' failed on item 0"):
+        client.score([SRC], ["nonsense"], [RIGHT])
+    assert sleeps == [0.5, 1.0]
+
+
+def free_loopback_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_client_against_a_dead_port_fails_after_bounded_retries():
+    url = f"http://127.0.0.1:{free_loopback_port()}"
+    client = RewardServerClient(url, timeout=0.5, max_retries=2, backoff=0.05)
+    start = time.perf_counter()
+    with pytest.raises(
+        RewardServerError, match=rf"{url} stayed unreachable after 3 attempts; last error: ConnectionError"
+    ):
+        client.score([SRC], [TGT], [RIGHT])
+    assert time.perf_counter() - start < 5
+
+
+class FakeAnswer:
+    def __init__(self, status_code, body):
+        self.status_code, self._body, self.text = status_code, body, json.dumps(body)
+
+    def json(self):
+        return self._body
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ({"error_code": 0, "error_msg": "Success", "score": [1.0]}, "returned 1 scores for 2 responses"),
+        ({"error_code": 0, "error_msg": "Success", "score": [1.0, "high"]}, "non-numeric"),
+        ({"error_code": 0, "error_msg": "Success", "score": [1.0, True]}, "non-numeric"),
+        ({"error_code": 0, "error_msg": "Success"}, "returned NoneType scores"),
+        ({"error_code": 7, "error_msg": "tokenizer missing", "score": []}, "error_code 7: tokenizer missing"),
+        ([1.0, 2.0], "something other than a JSON object"),
+    ],
+)
+def test_client_rejects_answers_it_cannot_trust(monkeypatch, body, words):
+    client = RewardServerClient("http://127.0.0.1:1", timeout=1, max_retries=0)
+    monkeypatch.setattr(client.session, "request", lambda *args, **kwargs: FakeAnswer(200, body))
+    with pytest.raises(RewardServerError, match=words):
+        client.score([SRC] * 2, [TGT] * 2, [RIGHT] * 2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"url": "127.0.0.1:8731"}, "http://"),
+        ({"url": "http://127.0.0.1:1", "timeout": 0}, "timeout"),
+        ({"url": "http://127.0.0.1:1", "max_retries": -1}, "max_retries"),
+        ({"url": "http://127.0.0.1:1", "backoff": -1}, "backoff"),
+    ],
+)
+def test_client_rejects_bad_settings(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        RewardServerClient(**kwargs)
+
+
+def test_create_app_rejects_unknown_task_and_bad_limits():
+    with pytest.raises(ValueError, match="unknown reward task 'chess'"):
+        create_app("chess")
+    with pytest.raises(ValueError, match="max_batch"):
+        create_app("kk", max_batch=0)

@@ -1,0 +1,229 @@
+import time
+
+import pytest
+
+from llm.alignment.ppo.rewards import get_reward_task
+from llm.tools.chat_format import chat_prompt
+
+KK_SRC = chat_prompt("Zoey says ...", system="Reason, then answer.", assistant_prefix="<think>")
+KK_TGT = "(1) Zoey is a knight\n(2) Oliver is a knave"
+PERFECT_ANSWER = "(1) Zoey is a knight\n(2) Oliver is a knave"
+
+
+def kk(response, tgt=KK_TGT, src=KK_SRC):
+    return get_reward_task("kk").score(src, tgt, response)
+
+
+def math_score(response, tgt):
+    return get_reward_task("math").score("", tgt, response)
+
+
+def wrapped(answer, reasoning="Zoey tells the truth, so Oliver lies."):
+    return f"{reasoning}</think>\n<answer>{answer}</answer>"
+
+
+# ---------------------------------------------------------------- kk
+
+
+def test_kk_task_is_registered_with_max_score_3():
+    task = get_reward_task("kk")
+    assert task.max_score == 3.0
+    assert task.is_correct(kk(wrapped(PERFECT_ANSWER)))
+    assert not task.is_correct(kk(wrapped("(1) Zoey is a knave\n(2) Oliver is a knave")))
+
+
+def test_kk_perfect_answer_scores_3():
+    assert kk(wrapped(PERFECT_ANSWER)) == 3.0
+
+
+@pytest.mark.parametrize("end", ["<|im_end|>", "<|endoftext|>", "\n<|im_end|>\n", "<|im_end|><|endoftext|>", "  \n"])
+def test_kk_ignores_trailing_end_tokens_and_whitespace(end):
+    assert kk(wrapped(PERFECT_ANSWER) + end) == 3.0
+
+
+def test_kk_wrong_role_scores_minus_half():
+    assert kk(wrapped("(1) Zoey is a knight\n(2) Oliver is a knight")) == -0.5
+
+
+def test_kk_role_and_connective_are_case_insensitive():
+    assert kk(wrapped("(1) Zoey IS A Knight\n(2) Oliver is a KNAVE")) == 3.0
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "(1) Zoey is a knight",  # Oliver missing
+        "(1) Zoey is a knight\n(2) Oliver is a knave\n(3) Oliver is a knight",  # both roles
+        "Zoey and Oliver are honest",  # no role statements at all
+        "(1) zoey is a knight\n(2) oliver is a knave",  # names are matched exactly
+        "(1) Zoeya is a knight\n(2) Oliverx is a knave",  # names only as prefixes of other words
+        "",
+    ],
+)
+def test_kk_unparsable_answer_scores_minus_1(answer):
+    assert kk(wrapped(answer)) == -1.0
+
+
+def test_kk_wrong_names_are_ignored_but_not_counted():
+    assert kk(wrapped("(1) Zoey is a knight\n(2) Oliver is a knave\n(3) Max is a knight")) == 3.0
+    assert kk(wrapped("(1) Max is a knight\n(2) Liam is a knave")) == -1.0
+
+
+def test_kk_repeating_the_same_role_is_fine():
+    assert kk(wrapped("Zoey is a knight. Oliver is a knave. So: Zoey is a knight, Oliver is a knave")) == 3.0
+
+
+def test_kk_names_that_prefix_other_names():
+    tgt = "(1) Ann is a knight\n(2) Anna is a knave"
+    assert kk(wrapped("(1) Ann is a knight\n(2) Anna is a knave"), tgt) == 3.0
+    assert kk(wrapped("(1) Anna is a knave\n(2) Ann is a knight"), tgt) == 3.0
+    # Anna's role must not be read as Ann's: Ann is missing.
+    assert kk(wrapped("(2) Anna is a knave"), tgt) == -1.0
+    # Nor is a longer name ending in "Ann".
+    assert kk(wrapped("(1) JoAnn is a knight\n(2) Anna is a knave"), tgt) == -1.0
+    assert kk(wrapped("(1) Ann is a knave\n(2) Anna is a knave"), tgt) == -0.5
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        PERFECT_ANSWER,  # no tags at all
+        "reasoning <answer>" + PERFECT_ANSWER + "</answer>",  # no </think>
+        "reasoning</think>\n" + PERFECT_ANSWER,  # no answer tags
+        "reasoning</think>\n<answer>" + PERFECT_ANSWER,  # </answer> missing
+        "reasoning</think></think>\n<answer>" + PERFECT_ANSWER + "</answer>",  # duplicated </think>
+        "r</think><answer>" + PERFECT_ANSWER + "</answer><answer>" + PERFECT_ANSWER + "</answer>",  # two answers
+        "<answer>" + PERFECT_ANSWER + "</answer>reasoning</think>",  # answer before </think>
+        "reasoning</think>\n</answer>" + PERFECT_ANSWER + "<answer>",  # answer tags swapped
+        "a</think><think>b<answer>" + PERFECT_ANSWER + "</answer>",  # a second think block opened
+        wrapped(PERFECT_ANSWER) + "\nI hope this helps!",  # text after </answer>
+        wrapped(PERFECT_ANSWER) + "<|im_end|>more",  # text after the end token
+        "",
+    ],
+)
+def test_kk_bad_format_scores_minus_3(response):
+    assert kk(response) == -3.0
+
+
+def test_kk_prompt_without_think_prefix_expects_the_model_to_open_it():
+    src = chat_prompt("Zoey says ...")
+    assert kk("<think>hm</think><answer>" + PERFECT_ANSWER + "</answer>", src=src) == 3.0
+    assert kk(wrapped(PERFECT_ANSWER), src=src) == -3.0
+
+
+def test_kk_malformed_tgt_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="Zoey is honest"):
+        kk(wrapped(PERFECT_ANSWER), tgt="(1) Zoey is honest")
+
+
+KK_ADVERSARIAL = {
+    "repeated_answer_tags": "<answer>" * 200_000,
+    "open_brackets": "</think>" + "<" * 1_000_000,
+    "name_repeated": "r</think><answer>" + "Zoey " * 200_000 + "</answer>",
+    "name_then_megabyte_of_spaces": "r</think><answer>" + "Zoey" + " " * 1_000_000 + "is</answer>",
+    "half_claims": "r</think><answer>" + "Zoey is a " * 100_000 + "</answer>" + " " * 100_000 + "<|im_end|>",
+    "glued_prefix_names": "r</think><answer>" + "Ann" * 350_000 + "</answer>",
+    "text_after_megabyte_of_spaces": wrapped(PERFECT_ANSWER) + " " * 1_000_000 + "x",
+}
+
+
+@pytest.mark.parametrize("response", KK_ADVERSARIAL.values(), ids=KK_ADVERSARIAL.keys())
+def test_kk_megabyte_adversarial_response_is_fast(response):
+    assert len(response) >= 1_000_000
+    tgt = "(1) Zoey is a knight\n(2) Ann is a knave\n(3) Anna is a knight"
+    start = time.perf_counter()
+    score = kk(response, tgt)
+    assert time.perf_counter() - start < 0.5
+    assert score in (-3.0, -1.0)
+
+
+# ---------------------------------------------------------------- math
+
+
+def test_math_task_is_registered_with_max_score_1():
+    assert get_reward_task("math").max_score == 1.0
+
+
+@pytest.mark.parametrize(
+    "response, tgt",
+    [
+        ("6 * 200 = 1200, plus 34.\n#### 1,234", "1234"),
+        ("#### 1234", "1,234"),
+        ("#### $1,234.", "1234"),
+        ("The total is 42.", "42"),  # no ####: the last number
+        ("First 7, then 12, so the answer is 18.00", "18"),
+        ("#### -5", "-5"),
+        ("The temperature fell to -5 degrees", "-5"),
+        ("Each costs $12.50", "12.5"),
+        ("#### 0.5", "0.50"),
+        ("It is -$3", "-3"),
+        ("Earlier guess: 9\n####   17", "17"),
+        ("# 3 #### 5 #### 8", "8"),  # the last ####
+        ("#### 3<|im_end|>", "3"),
+    ],
+)
+def test_math_right_answers_score_1(response, tgt):
+    assert math_score(response, tgt) == 1.0
+
+
+@pytest.mark.parametrize(
+    "response, tgt",
+    [
+        ("#### 1,235", "1234"),
+        ("#### 17\nbut maybe 18", "18"),  # the number after #### wins over later numbers
+        ("The answer is 5 apples.", "-5"),
+        ("between 2-3 apples", "-3"),  # a hyphen between numbers is not a minus sign
+        ("There is no number here.", "0"),
+        ("", "7"),
+        ("#### 0.1", "0.10000000000000001"),  # exact decimals, no float rounding
+    ],
+)
+def test_math_wrong_or_missing_answers_score_0(response, tgt):
+    assert math_score(response, tgt) == 0.0
+
+
+def test_math_falls_back_to_last_number_when_no_number_follows_the_mark():
+    assert math_score("I think 12 ####", "12") == 1.0
+
+
+def test_math_malformed_tgt_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="twelve"):
+        math_score("#### 12", "twelve")
+
+
+MATH_ADVERSARIAL = {
+    "megabyte_number": "1" * 1_000_000,
+    "commas": "1," * 500_000,
+    "mark_then_spaces": "#### " + " " * 1_000_000,
+    "signs_without_digits": "-$" * 500_000,
+    "answer_after_many_numbers": "7 " * 500_000 + "#### 8",
+}
+
+
+@pytest.mark.parametrize("response", MATH_ADVERSARIAL.values(), ids=MATH_ADVERSARIAL.keys())
+def test_math_megabyte_response_is_fast(response):
+    assert len(response) >= 1_000_000
+    start = time.perf_counter()
+    score = math_score(response, "8")
+    assert time.perf_counter() - start < 0.5
+    assert score == (1.0 if response.endswith("#### 8") else 0.0)
+
+
+# ---------------------------------------------------------------- arith
+
+
+@pytest.mark.parametrize(
+    "response, tgt, expected",
+    [
+        ("12", "12", 1.0),
+        (" 12\n", "12", 1.0),
+        ("13", "12", 0.0),
+        ("12 apples", "12", 0.0),
+        ("", "12", 0.0),
+        ("-3", "-3", 1.0),
+    ],
+)
+def test_arith_reward(response, tgt, expected):
+    task = get_reward_task("arith")
+    assert task.score("3+4+5=", tgt, response) == expected
+    assert task.max_score == 1.0

@@ -6,8 +6,11 @@ Writes, from one shuffle of all 1000 prompts:
   sft/train.json   demonstrations for SFT, a fraction of them wrong (a careless annotator)
   sft/dev.json     correct demonstrations on held-out prompts, for the SFT eval loss
 
-The wrong demonstrations make the realistic setting where RL with a verifiable reward gains quickly:
-the SFT model has learnt the format and roughly the sums, and rewards sharpen it onto the right answer.
+The demonstrations come from a careless annotator: on sums that carry (>= 10) it drops the carry with
+probability `carry_slip_rate` (writing 13 as 3), and any answer is off by one with probability `error_rate`.
+SFT learns the format and the sums, but also the slips, which greedy decoding then repeats; the right
+answers are still sampled often, so RL with a verifiable reward corrects the model quickly -- the
+realistic setting of RL after SFT on partly wrong demonstrations.
 """
 
 import argparse
@@ -21,14 +24,20 @@ def arith_rows(triples):
     return [{"src": f"{a}+{b}+{c}=", "tgt": str(a + b + c)} for a, b, c in triples]
 
 
-def noisy_demonstrations(triples, num_samples, error_rate, error_offsets, rng):
-    """`num_samples` demonstrations drawn from `triples`; with probability `error_rate` the answer is off by an offset."""
+def careless_answer(total, carry_slip_rate, error_rate, rng):
+    if total >= 10 and rng.random() < carry_slip_rate:
+        return total - 10
+    if rng.random() < error_rate:
+        return max(0, total + rng.choice([-1, 1]))
+    return total
+
+
+def noisy_demonstrations(triples, num_samples, carry_slip_rate, error_rate, rng):
+    """`num_samples` demonstrations drawn from `triples`, answered by the careless annotator."""
     rows = []
     for _ in range(num_samples):
         a, b, c = rng.choice(triples)
-        answer = a + b + c
-        if rng.random() < error_rate:
-            answer = max(0, answer + rng.choice(error_offsets))
+        answer = careless_answer(a + b + c, carry_slip_rate, error_rate, rng)
         rows.append({"src": f"{a}+{b}+{c}=", "tgt": str(answer)})
     return rows
 
@@ -40,14 +49,14 @@ def write_jsonl(rows, path):
             f.write(json.dumps(row) + "\n")
 
 
-def generate(output_dir, num_eval=200, num_sft=20000, error_rate=0.3, error_offsets=(1, 2, -1, -2), seed=0):
+def generate(output_dir, num_eval=200, num_sft=20000, carry_slip_rate=0.6, error_rate=0.1, seed=0):
     rng = random.Random(seed)
     triples = list(itertools.product(range(10), repeat=3))
     rng.shuffle(triples)
     eval_triples, train_triples = triples[:num_eval], triples[num_eval:]
     write_jsonl(arith_rows(train_triples), os.path.join(output_dir, "rl", "train.jsonl"))
     write_jsonl(arith_rows(eval_triples), os.path.join(output_dir, "rl", "eval.jsonl"))
-    demos = noisy_demonstrations(train_triples, num_sft, error_rate, list(error_offsets), rng)
+    demos = noisy_demonstrations(train_triples, num_sft, carry_slip_rate, error_rate, rng)
     write_jsonl(demos, os.path.join(output_dir, "sft", "train.json"))
     write_jsonl(arith_rows(eval_triples), os.path.join(output_dir, "sft", "dev.json"))
 
@@ -57,12 +66,11 @@ def main():
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--num_eval", type=int, default=200)
     parser.add_argument("--num_sft", type=int, default=20000)
-    parser.add_argument("--error_rate", type=float, default=0.3)
-    parser.add_argument("--error_offsets", default="1,2,-1,-2", help="comma-separated offsets of wrong answers")
+    parser.add_argument("--carry_slip_rate", type=float, default=0.6, help="chance a carrying sum loses its carry")
+    parser.add_argument("--error_rate", type=float, default=0.1, help="chance an answer is off by one")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    offsets = [int(x) for x in args.error_offsets.split(",")]
-    generate(args.output_dir, args.num_eval, args.num_sft, args.error_rate, offsets, args.seed)
+    generate(args.output_dir, args.num_eval, args.num_sft, args.carry_slip_rate, args.error_rate, args.seed)
     print(f"demo data written to {args.output_dir}/rl and {args.output_dir}/sft")
 
 

@@ -1,0 +1,31 @@
+"""paddle-alignment: RLHF for PaddlePaddle (PPO, GRPO and friends), laid out like PaddleNLP's llm/."""
+
+import os
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def requirements(name):
+    with open(os.path.join(HERE, name), encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip() and not line.startswith("#")]
+
+
+setup(
+    name="paddle-alignment",
+    version="0.1.0",
+    description="Align large language models with reinforcement learning on PaddlePaddle",
+    long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read() if os.path.exists(os.path.join(HERE, "README.md")) else "",
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["llm", "llm.*"]),
+    python_requires=">=3.9",
+    install_requires=requirements("requirements.txt"),
+    extras_require={"test": ["pytest>=7"]},
+    entry_points={
+        "console_scripts": [
+            "paddle-alignment-demo=llm.tools.tiny_demo:main",
+            "paddle-alignment-reward-server=llm.alignment.ppo.reward_server:main",
+        ]
+    },
+)

@@ -1,0 +1,136 @@
+"""Advantage, loss, KL and schedule functions against values computed by hand or with NumPy."""
+
+import math
+
+import numpy as np
+import paddle
+import pytest
+
+from llm.alignment.ppo.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, LR_SCHEDULES, POLICY_LOSSES
+from llm.alignment.ppo.algos.schedules import build_lr_scheduler
+from llm.alignment.ppo.algos.token_stats import entropy_from_logits, gather_logprobs
+
+
+def t(values, dtype="float32"):
+    return paddle.to_tensor(values, dtype=dtype)
+
+
+def test_grpo_advantages_by_hand():
+    # Group 0 rewards [1, 0, 0]: mean 1/3, unbiased std sqrt(1/3); group 5 rewards [2, 4]: mean 3, std sqrt(2).
+    rewards = t([1.0, 0.0, 0.0, 2.0, 4.0])
+    groups = t([0, 0, 0, 5, 5], "int64")
+    mask = t([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 1], [1, 0, 0]])
+    adv = ADVANTAGE_ESTIMATORS.get("grpo")(rewards, mask, groups, epsilon=0.0).numpy()
+    s = math.sqrt(1 / 3)
+    expected_scalar = [(2 / 3) / s, (-1 / 3) / s, (-1 / 3) / s, -1 / math.sqrt(2), 1 / math.sqrt(2)]
+    np.testing.assert_allclose(adv, np.array(expected_scalar)[:, None] * mask.numpy(), rtol=1e-5)
+
+
+def test_grpo_without_std_normalisation_is_dr_grpo():
+    rewards = t([3.0, 1.0, 10.0, 10.0])
+    groups = t([0, 0, 1, 1], "int64")
+    adv = ADVANTAGE_ESTIMATORS.get("grpo")(rewards, paddle.ones([4, 2]), groups, norm_adv_by_std=False).numpy()
+    np.testing.assert_allclose(adv[:, 0], [1.0, -1.0, 0.0, 0.0], atol=1e-6)
+
+
+def test_grpo_equal_rewards_give_zero_advantage():
+    adv = ADVANTAGE_ESTIMATORS.get("grpo")(t([2.0, 2.0, 2.0]), paddle.ones([3, 4]), t([1, 1, 1], "int64")).numpy()
+    np.testing.assert_allclose(adv, 0.0, atol=1e-6)
+
+
+def test_grpo_matches_numpy_on_random_groups():
+    rng = np.random.default_rng(0)
+    rewards = rng.normal(size=24).astype("float32")
+    groups = np.repeat(np.arange(6), 4)
+    adv = ADVANTAGE_ESTIMATORS.get("grpo")(t(rewards), paddle.ones([24, 1]), t(groups, "int64"), epsilon=1e-6).numpy()[:, 0]
+    expected = np.empty(24)
+    for g in range(6):
+        r = rewards[groups == g]
+        expected[groups == g] = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+    np.testing.assert_allclose(adv, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_ppo_clip_loss_and_clip_fractions_by_hand():
+    # Ratios e^{log diff}: 1.5 (A=+1, clipped high at 1.28), 0.5 (A=-1, clipped low at 0.8), 1.1 (A=+2, inside).
+    old = t([[0.0, 0.0, 0.0]])
+    new = t([[math.log(1.5), math.log(0.5), math.log(1.1)]])
+    adv = t([[1.0, -1.0, 2.0]])
+    mask = t([[1.0, 1.0, 1.0]])
+    loss, stats = POLICY_LOSSES.get("ppo_clip")(new, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    # max(-A r, -A clip(r)): -1.28, max(0.5, 0.8) = 0.8, -2.2
+    np.testing.assert_allclose(loss.numpy(), [[-1.28, 0.8, -2.2]], rtol=1e-5)
+    assert float(stats["clipfrac_high"]) == pytest.approx(1 / 3)
+    assert float(stats["clipfrac_low"]) == pytest.approx(1 / 3)
+    log_r = np.log([1.5, 0.5, 1.1])
+    assert float(stats["approx_kl"]) == pytest.approx(np.mean(np.exp(log_r) - 1 - log_r), rel=1e-5)
+
+
+def test_ppo_clip_gradient_is_zero_when_clipped():
+    new = t([[math.log(1.5), math.log(1.1)]])
+    new.stop_gradient = False
+    loss, _ = POLICY_LOSSES.get("ppo_clip")(new, t([[0.0, 0.0]]), t([[1.0, 1.0]]), t([[1.0, 1.0]]), 0.2, 0.2)
+    loss.sum().backward()
+    # Clipped token: no gradient; unclipped token: d(-A r)/d log p = -A r = -1.1.
+    np.testing.assert_allclose(new.grad.numpy(), [[0.0, -1.1]], rtol=1e-5)
+
+
+def test_kl_estimators_by_hand():
+    logp, ref = t([-1.0, -2.0]), t([-1.5, -1.0])
+    d = np.array([0.5, -1.0])  # log pi - log pi_ref
+    np.testing.assert_allclose(KL_ESTIMATORS.get("k1")(logp, ref).numpy(), d, rtol=1e-6)
+    np.testing.assert_allclose(KL_ESTIMATORS.get("k2")(logp, ref).numpy(), 0.5 * d**2, rtol=1e-6)
+    np.testing.assert_allclose(KL_ESTIMATORS.get("k3")(logp, ref).numpy(), np.exp(-d) - 1 + d, rtol=1e-6)
+    assert float(KL_ESTIMATORS.get("k3")(logp, logp).sum()) == 0.0
+
+
+def test_k3_estimates_true_kl_by_sampling():
+    rng = np.random.default_rng(1)
+    p, q = np.array([0.6, 0.3, 0.1]), np.array([0.3, 0.3, 0.4])
+    samples = rng.choice(3, size=200_000, p=p)
+    estimate = KL_ESTIMATORS.get("k3")(t(np.log(p[samples])), t(np.log(q[samples]))).numpy().mean()
+    assert estimate == pytest.approx(float((p * np.log(p / q)).sum()), rel=0.02)
+
+
+def test_loss_aggregations_by_hand():
+    values = t([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = t([[1, 1, 1], [1, 0, 0]])
+    assert float(LOSS_AGGREGATIONS.get("token-mean")(values, mask)) == pytest.approx(10 / 4)
+    assert float(LOSS_AGGREGATIONS.get("seq-mean-token-mean")(values, mask)) == pytest.approx((2 + 4) / 2)
+    assert float(LOSS_AGGREGATIONS.get("seq-mean-token-sum")(values, mask)) == pytest.approx((6 + 4) / 2)
+
+
+def test_gather_logprobs_and_entropy_match_numpy():
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(2, 3, 7)).astype("float32")
+    labels = rng.integers(0, 7, size=(2, 3))
+    log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    expected = np.take_along_axis(log_softmax, labels[..., None], -1)[..., 0]
+    np.testing.assert_allclose(gather_logprobs(t(logits), t(labels, "int64")).numpy(), expected, rtol=1e-5, atol=1e-6)
+    entropy = -(np.exp(log_softmax) * log_softmax).sum(-1)
+    np.testing.assert_allclose(entropy_from_logits(t(logits)).numpy(), entropy, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["linear", "cosine"])
+def test_schedules_warm_up_then_decay_to_min_lr(name):
+    lr, min_lr, warmup, total = 1e-3, 1e-4, 4, 20
+    schedule = LR_SCHEDULES.get(name)
+    assert schedule(0, warmup, total, lr, min_lr) == pytest.approx(lr / 4)
+    assert schedule(3, warmup, total, lr, min_lr) == pytest.approx(lr)
+    assert schedule(total, warmup, total, lr, min_lr) == pytest.approx(min_lr)
+    midpoint = schedule(warmup + (total - warmup) // 2, warmup, total, lr, min_lr)
+    assert midpoint == pytest.approx((lr + min_lr) / 2)
+
+
+def test_lr_scheduler_follows_the_schedule():
+    scheduler = build_lr_scheduler("cosine", 1e-3, 1e-4, warmup_steps=2, total_steps=10)
+    seen = []
+    for _ in range(11):
+        seen.append(scheduler.get_lr())
+        scheduler.step()
+    expected = [LR_SCHEDULES.get("cosine")(s, 2, 10, 1e-3, 1e-4) for s in range(11)]
+    np.testing.assert_allclose(seen, expected, rtol=1e-6)
+
+
+def test_unknown_names_are_rejected_with_choices():
+    with pytest.raises(ValueError, match="choose from"):
+        ADVANTAGE_ESTIMATORS.get("ppo_magic")

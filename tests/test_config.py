@@ -1,0 +1,88 @@
+"""Config validation: unknown keys and impossible combinations stop at start, naming the key."""
+
+import json
+
+import pytest
+
+from llm.alignment.ppo.arguments import parse_arguments
+
+BASE = {
+    "actor_model_name_or_path": "unused-model-path",
+    "train_datasets": "unused.jsonl",
+    "output_dir": "unused-output",
+    "device": "cpu",
+    "use_rule_reward": True,
+    "reward_task": "arith",
+    "rollout_n": 4,
+    "per_device_prompt_batch_size": 2,
+    "per_device_train_batch_size": 4,
+    "max_steps": 3,
+    "max_prompt_len": 16,
+    "max_dec_len": 8,
+    "max_length": 32,
+}
+
+
+def parse(tmp_path, **changes):
+    config = {k: v for k, v in {**BASE, **changes}.items() if v is not None}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return parse_arguments([str(path)])
+
+
+def test_valid_config_parses_with_paddlenlp_keys(tmp_path):
+    model_args, data_args, args = parse(tmp_path, clip_range_ratio=0.2, clip_range_ratio_high=0.28)
+    assert model_args.actor_model_name_or_path == "unused-model-path"
+    assert data_args.prompt_key == "src" and data_args.label_key == "tgt"
+    assert (args.clip_range_ratio_low, args.clip_range_ratio_high) == (0.2, 0.28)
+    # 8 responses in micro-batches of 4, one optimizer step per micro-batch
+    assert args.rollout_batch_size == 8 and args.optimizer_steps_per_rl_step == 2
+
+
+def test_num_return_sequences_is_an_alias_of_rollout_n(tmp_path):
+    _, _, args = parse(tmp_path, rollout_n=None, num_return_sequences=8)
+    assert args.rollout_n == 8
+
+
+def test_command_line_overrides_the_file(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(BASE))
+    _, _, args = parse_arguments([str(path), "--max_steps", "7", "--num_return_sequences", "2"])
+    assert args.max_steps == 7 and args.rollout_n == 2
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"rollout_nn": 3}, "unknown config key 'rollout_nn'; did you mean 'rollout_n'"),
+        ({"rollout_n": 1}, "rollout_n=1"),
+        ({"max_dec_len": 20}, "max_prompt_len=16 \\+ max_dec_len=20 exceeds max_length=32"),
+        ({"per_device_train_batch_size": 3}, "per_device_train_batch_size=3"),
+        ({"gradient_accumulation_steps": 3}, "gradient_accumulation_steps=3"),
+        ({"rl_algorithm": "ppo"}, "rl_algorithm='ppo' is not available"),
+        ({"kl_estimator": "k9"}, "kl_estimator='k9'"),
+        ({"loss_agg_mode": "sum"}, "loss_agg_mode='sum'"),
+        ({"lr_scheduler_type": "polynomial"}, "lr_scheduler_type='polynomial'"),
+        ({"use_rm_server": True}, "exactly one of use_rm_server"),
+        ({"use_rule_reward": False}, "exactly one of use_rm_server"),
+        ({"reward_task": "chess"}, "reward_task='chess'"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"min_dec_len": 9}, "min_dec_len=9"),
+        ({"clip_range_ratio_low": 1.0}, "clip_range_ratio_low"),
+        ({"min_learning_rate": 1.0}, "min_learning_rate=1.0"),
+        ({"max_steps": -1}, "max_steps must be positive"),
+    ],
+)
+def test_bad_configs_fail_naming_the_key(tmp_path, changes, message):
+    with pytest.raises(ValueError, match=message):
+        parse(tmp_path, **changes)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        parse_arguments([str(tmp_path / "missing.json")])
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        parse_arguments([str(bad)])

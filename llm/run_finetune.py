@@ -57,6 +57,7 @@ def main(argv):
         tokenizer=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=SupervisedDataset.IGNORE_INDEX),
     )
+    os.makedirs(training_args.logging_dir, exist_ok=True)  # VisualDL's writer threads race to create it
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
     if trainer.eval_dataset is not None:

@@ -1,17 +1,16 @@
 import json
 import logging
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from werkzeug.serving import make_server
 
 from llm.alignment.ppo import reward_client
 from llm.alignment.ppo.reward_client import RewardServerClient, RewardServerError
+from helpers import running_reward_server
 from llm.alignment.ppo.reward_server import create_app
 
 MAX_BATCH = 8
@@ -26,13 +25,8 @@ SRC = "<|im_start|>user\nZoey says ...<|im_end|>\n<|im_start|>assistant\n<think>
 
 @pytest.fixture(scope="module")
 def server_url():
-    app = create_app("kk", max_batch=MAX_BATCH, max_content_length=MAX_CONTENT_LENGTH)
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    thread.join(timeout=5)
+    with running_reward_server("kk", max_batch=MAX_BATCH, max_content_length=MAX_CONTENT_LENGTH) as url:
+        yield url
 
 
 def post(url, body, **kwargs):

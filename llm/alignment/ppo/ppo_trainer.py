@@ -22,6 +22,13 @@ from paddlenlp.utils.log import logger
 from llm.alignment.ppo.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from llm.alignment.ppo.algos.schedules import build_lr_scheduler
 from llm.alignment.ppo.algos.token_stats import entropy_from_logits, gather_logprobs
+from llm.alignment.ppo.checkpoint_utils import (
+    atomic_directory,
+    barrier,
+    collect_rng_states,
+    load_optimizer_state,
+    optimizer_state_by_structured_name,
+)
 from llm.alignment.ppo.comm_utils import all_reduce_scalars, is_distributed, masked_mean, mean_over_ranks
 from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
 
@@ -95,6 +102,8 @@ class PPOTrainer(Trainer):
 
     def train(self, resume_from_checkpoint=None):
         args = self.args
+        # VisualDL's writer threads race to create a missing log folder; create it first.
+        os.makedirs(args.logging_dir, exist_ok=True)
         self.create_optimizer_and_scheduler(num_training_steps=args.max_steps * args.optimizer_steps_per_rl_step)
         self.model_wrapped = self._wrap_model(self.model)
         start_step = self.load_checkpoint(resume_from_checkpoint) if resume_from_checkpoint else 0
@@ -281,7 +290,7 @@ class PPOTrainer(Trainer):
             with atomic_directory(path) as tmp:
                 self.model.save_pretrained(os.path.join(tmp, "policy"))
                 self.tokenizer.save_pretrained(os.path.join(tmp, "policy"))
-                paddle.save(self.optimizer.state_dict(), os.path.join(tmp, OPTIMIZER_FILE))
+                paddle.save(optimizer_state_by_structured_name(self.optimizer, self.model), os.path.join(tmp, OPTIMIZER_FILE))
                 paddle.save(self.lr_scheduler.state_dict(), os.path.join(tmp, SCHEDULER_FILE))
                 self.state.save_to_json(os.path.join(tmp, STATE_FILE))
                 world = len(rng_states)
@@ -307,53 +316,9 @@ class PPOTrainer(Trainer):
         for name in [OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE]:
             if not os.path.isfile(os.path.join(path, name)):
                 raise FileNotFoundError(f"resume_from_checkpoint={path} is not a complete checkpoint: {name} is missing")
-        self.optimizer.set_state_dict(paddle.load(os.path.join(path, OPTIMIZER_FILE)))
+        load_optimizer_state(self.optimizer, self.model, paddle.load(os.path.join(path, OPTIMIZER_FILE)))
         self.lr_scheduler.set_state_dict(paddle.load(os.path.join(path, SCHEDULER_FILE)))
         self._load_rng_state(path)
         step = TrainerState.load_from_json(os.path.join(path, STATE_FILE)).global_step
         logger.info(f"resumed from {path} at step {step}")
         return step
-
-
-def collect_rng_states():
-    """Every rank's RNG states (python, numpy, paddle), in the layout Trainer._load_rng_state reads."""
-    import random
-
-    state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "cuda": paddle.get_rng_state(),
-        "cpu": paddle.framework.core.default_cpu_generator().get_state(),
-    }
-    if not is_distributed():
-        return [state]
-    states = []
-    dist.all_gather_object(states, state)
-    return states
-
-
-def barrier():
-    if is_distributed():
-        dist.barrier()
-
-
-@contextlib.contextmanager
-def atomic_directory(path):
-    """Yield a temp folder beside `path`; on success it replaces `path` in one rename, on error it is removed."""
-    parent, name = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(parent, f".tmp-{name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if os.path.exists(path):
-        old = os.path.join(parent, f".old-{name}")
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(path, old)
-        os.rename(tmp, path)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, path)

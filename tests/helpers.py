@@ -1,0 +1,58 @@
+"""Shared test helpers: a reward server on a loopback port, and the tiny world on disk."""
+
+import os
+import threading
+from contextlib import contextmanager
+
+from werkzeug.serving import make_server
+
+from llm import run_finetune
+from llm.alignment.ppo.reward_server import create_app
+from llm.tools.build_tiny_model import build_tiny_model
+from llm.tools.build_tokenizer import build_tokenizer
+from llm.tools.gen_arith import generate
+
+
+@contextmanager
+def running_reward_server(task, **app_options):
+    """Serve the reward app on 127.0.0.1 (a free port) in a thread; yields its URL."""
+    server = make_server("127.0.0.1", 0, create_app(task, **app_options), threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SFT_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "sft_argument.json")
+
+
+def build_tiny_world(root):
+    """Tokenizer, a tiny Qwen2 (2 layers) briefly fine-tuned by run_finetune on the arith demonstrations,
+    and the arith data, under `root`; returns the paths. The SFT makes rewards non-zero from the start."""
+    tokenizer_dir = os.path.join(root, "tokenizer")
+    random_dir = os.path.join(root, "random_model")
+    sft_dir = os.path.join(root, "sft_model")
+    build_tokenizer(tokenizer_dir)
+    build_tiny_model(tokenizer_dir, random_dir, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+    generate(os.path.join(root, "data"), num_eval=16, num_sft=2048)
+    sft_overrides = {
+        "model_name_or_path": random_dir,
+        "dataset_name_or_path": os.path.join(root, "data", "sft"),
+        "output_dir": sft_dir,
+        "logging_dir": os.path.join(root, "sft_vdl"),
+        "max_steps": 60,
+        "per_device_train_batch_size": 32,
+        "logging_steps": 20,
+    }
+    run_finetune.main([SFT_CONFIG] + [t for k, v in sft_overrides.items() for t in (f"--{k}", str(v))])
+    return {
+        "random_model": random_dir,
+        "model": sft_dir,
+        "train": os.path.join(root, "data", "rl", "train.jsonl"),
+        "eval": os.path.join(root, "data", "rl", "eval.jsonl"),
+        "sft_logs": os.path.join(root, "sft_vdl"),
+    }

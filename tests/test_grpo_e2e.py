@@ -1,0 +1,131 @@
+"""GRPO end to end on the tiny config: in one process, resumed from a checkpoint, and under
+`paddle.distributed.launch` with two gloo data-parallel processes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+import pytest
+from paddlenlp.transformers import AutoModelForCausalLM
+
+from helpers import running_reward_server
+from llm.alignment.ppo import run_ppo
+from llm.alignment.ppo.reward_client import RewardServerError
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
+
+
+def overrides(world, output_dir, **changes):
+    """Command-line overrides pointing the tiny config at the test's tiny world, small and fast."""
+    values = {
+        "actor_model_name_or_path": world["model"],
+        "train_datasets": world["train"],
+        "eval_datasets": world["eval"],
+        "output_dir": output_dir,
+        "logging_dir": os.path.join(output_dir, "vdl"),
+        "use_rm_server": False,
+        "use_rule_reward": True,
+        "rollout_n": 4,
+        "per_device_prompt_batch_size": 4,
+        "per_device_train_batch_size": 8,
+        "per_device_eval_batch_size": 16,
+        "max_steps": 3,
+        "logging_steps": 1,
+        "sample_log_interval": 1,
+        "eval_steps": 2,
+        "save_steps": 2,
+        "warmup_ratio": 0.0,
+        "learning_rate": 1e-3,
+        "kl_loss_coeff": 0.01,
+        **changes,
+    }
+    return [token for key, value in values.items() for token in (f"--{key}", str(value))]
+
+
+def run_grpo(world, output_dir, **changes):
+    run_ppo.main([TINY_CONFIG, *overrides(world, str(output_dir), **changes)])
+
+
+def weights(path):
+    model = AutoModelForCausalLM.from_pretrained(path)
+    return {name: value.numpy() for name, value in model.state_dict().items()}
+
+
+def test_three_grpo_steps_through_the_reward_server(tiny_world, tmp_path):
+    with running_reward_server("arith") as url:
+        run_grpo(tiny_world, tmp_path, use_rm_server=True, use_rule_reward=False, reward_server=url)
+
+    # The policy is a complete checkpoint that from_pretrained loads, and it moved away from the start.
+    trained, initial = weights(tmp_path / "policy"), weights(tiny_world["model"])
+    assert trained.keys() == initial.keys()
+    assert any(not np.array_equal(trained[k], initial[k]) for k in trained)
+    assert not any(name.startswith(".tmp-") for name in os.listdir(tmp_path))
+    assert sorted(os.listdir(tmp_path / "checkpoint-3")) == [
+        "optimizer.pdopt", "policy", "rng_state.pth", "scheduler.pdparams", "trainer_state.json"
+    ]
+    for split in ["initial_eval", "eval"]:
+        metrics = json.loads((tmp_path / f"{split}_results.json").read_text())
+        assert 0.0 <= metrics["eval_accuracy"] <= 1.0
+    vdl_files = os.listdir(tmp_path / "vdl")
+    assert any(name.startswith("vdlrecords") for name in vdl_files)
+
+
+def test_run_stops_when_the_reward_server_is_down(tiny_world, tmp_path):
+    dead_url = "http://127.0.0.1:9"  # the discard port: nothing listens on it here
+    with pytest.raises(RewardServerError, match="unreachable"):
+        run_grpo(
+            tiny_world, tmp_path, use_rm_server=True, use_rule_reward=False, reward_server=dead_url,
+            reward_server_timeout=0.5, reward_server_max_retries=1,
+        )
+    assert not (tmp_path / "policy").exists()
+
+
+def test_fixed_seed_runs_are_identical_and_resume_continues_exactly(tiny_world, tmp_path):
+    # Two optimizer steps per RL step (update_iters=2), so old log-probs come from a separate forward.
+    common = {"max_steps": 4, "update_iters": 2, "eval_steps": 0}
+    run_grpo(tiny_world, tmp_path / "straight", **common)
+    run_grpo(tiny_world, tmp_path / "again", **common)
+    straight = weights(tmp_path / "straight" / "policy")
+    again = weights(tmp_path / "again" / "policy")
+    for name in straight:
+        np.testing.assert_array_equal(straight[name], again[name], err_msg=name)
+
+    # A run that died after checkpoint-2 and is resumed from it ends where the uninterrupted run ends.
+    run_grpo(tiny_world, tmp_path / "resumed", **common, resume_from_checkpoint=tmp_path / "straight" / "checkpoint-2")
+    resumed = weights(tmp_path / "resumed" / "policy")
+    for name in straight:
+        np.testing.assert_allclose(resumed[name], straight[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_resume_from_an_incomplete_checkpoint_names_the_missing_file(tiny_world, tmp_path):
+    run_grpo(tiny_world, tmp_path, max_steps=2, eval_steps=0)
+    os.remove(tmp_path / "checkpoint-2" / "optimizer.pdopt")
+    with pytest.raises(FileNotFoundError, match="optimizer.pdopt is missing"):
+        run_grpo(tiny_world, tmp_path, max_steps=3, eval_steps=0, resume_from_checkpoint=tmp_path / "checkpoint-2")
+
+
+@pytest.mark.slow
+def test_two_process_data_parallel_run_under_launch(tiny_world, tmp_path):
+    log_dir = tmp_path / "launch_log"
+    command = [
+        sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(log_dir),
+        os.path.join(REPO_ROOT, "llm", "alignment", "ppo", "run_ppo.py"), TINY_CONFIG,
+        *overrides(tiny_world, str(tmp_path / "out"), per_device_prompt_batch_size=2, max_steps=2),
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    logs = {rank: (log_dir / f"workerlog.{rank}").read_text(errors="replace") for rank in (0, 1)}
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + logs[0][-3000:] + logs[1][-3000:]
+    out = tmp_path / "out"
+    assert (out / "policy" / "model_state.pdparams").is_file()
+    # Rank 0 writes; every rank's RNG state is kept for an exact resume.
+    assert (out / "checkpoint-2" / "rng_state_2.pth").is_file()
+    assert len(paddle.load(str(out / "checkpoint-2" / "rng_state_2.pth"), return_numpy=True)) == 2
+    # Rank 0 alone logs metrics, sample tables and VisualDL records.
+    assert "reward_mean" in logs[0] and "samples at step" in logs[0]
+    assert "samples at step" not in logs[1]
+    assert len([n for n in os.listdir(out / "vdl") if n.startswith("vdlrecords")]) == 1

@@ -64,7 +64,10 @@ def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig):
     response_mask, finished = response_mask_from_tokens(response_ids, tokenizer.eos_token_id)
     # Padding after EOS becomes pad tokens, so decoding never shows what the model emitted past the end.
     response_ids = paddle.where(response_mask > 0, response_ids, paddle.full_like(response_ids, tokenizer.pad_token_id))
-    responses = tokenizer.batch_decode(response_ids.numpy().tolist(), skip_special_tokens=True)
+    # Rewards judge exactly what the model wrote: no clean-up of spaces around punctuation.
+    responses = tokenizer.batch_decode(
+        response_ids.numpy().tolist(), skip_special_tokens=True, clean_up_tokenization_spaces=False
+    )
     return Experience(
         input_ids=paddle.concat([input_ids, response_ids], axis=1),
         attention_mask=paddle.concat([prompt_mask, response_mask.astype("int64")], axis=1),

@@ -102,11 +102,7 @@ class PPOTrainer(Trainer):
 
     def train(self, resume_from_checkpoint=None):
         args = self.args
-        # VisualDL's writer threads race to create a missing log folder; create it first.
-        os.makedirs(args.logging_dir, exist_ok=True)
-        self.create_optimizer_and_scheduler(num_training_steps=args.max_steps * args.optimizer_steps_per_rl_step)
-        self.model_wrapped = self._wrap_model(self.model)
-        start_step = self.load_checkpoint(resume_from_checkpoint) if resume_from_checkpoint else 0
+        start_step = self.prepare_training(resume_from_checkpoint)
         batches = self.prompt_batches(start_step)
         self.state.max_steps, self.state.global_step = args.max_steps, start_step
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
@@ -138,10 +134,19 @@ class PPOTrainer(Trainer):
             self.save_metrics(split, metrics)
         return metrics
 
+    def prepare_training(self, resume_from_checkpoint=None):
+        """Optimizer, schedule, data-parallel wrapper and, when resuming, their saved state; returns the start step."""
+        # VisualDL's writer threads race to create a missing log folder; create it first.
+        os.makedirs(self.args.logging_dir, exist_ok=True)
+        self.create_optimizer_and_scheduler(num_training_steps=self.args.max_steps * self.args.optimizer_steps_per_rl_step)
+        self.model_wrapped = self._wrap_model(self.model)
+        return self.load_checkpoint(resume_from_checkpoint) if resume_from_checkpoint else 0
+
     def rl_step(self, items):
         args = self.args
         started = time.time()
-        exp = generate_rollouts(self.model, self.tokenizer, items, args.rollout_n, self.sampling)
+        with self.autocast_smart_context_manager():
+            exp = generate_rollouts(self.model, self.tokenizer, items, args.rollout_n, self.sampling)
         rollout_seconds = time.time() - started
         scores = self.reward_scorer.score(exp.prompts, exp.labels, exp.responses)
         exp.rewards = paddle.to_tensor(scores, dtype="float32").clip(-args.clip_range_score, args.clip_range_score)
@@ -164,7 +169,9 @@ class PPOTrainer(Trainer):
         chunks = []
         for start in range(0, len(exp), size):
             micro = exp.select(start, start + size)
-            chunks.append(gather_logprobs(response_logits(model, micro), response_labels(micro)))
+            with self.autocast_smart_context_manager():
+                logits = response_logits(model, micro)
+            chunks.append(gather_logprobs(logits, response_labels(micro)))
         return paddle.concat(chunks, axis=0)
 
     def update_policy(self, exp):
@@ -193,7 +200,8 @@ class PPOTrainer(Trainer):
     def policy_loss(self, micro):
         """Clipped surrogate plus the KL-to-reference term, aggregated over response tokens."""
         args = self.args
-        logits = response_logits(self.model_wrapped, micro)
+        with self.autocast_smart_context_manager():
+            logits = response_logits(self.model_wrapped, micro)
         logprobs = gather_logprobs(logits, response_labels(micro))
         old_logprobs = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
         token_loss, stats = self.policy_loss_fn(
@@ -261,7 +269,8 @@ class PPOTrainer(Trainer):
         greedy = SamplingConfig.from_args(self.args, greedy=True)
         totals = {"correct": 0.0, "reward": 0.0, "count": 0.0}
         for indices in sampler:
-            exp = generate_rollouts(self.model, self.tokenizer, [dataset[i] for i in indices], 1, greedy)
+            with self.autocast_smart_context_manager():
+                exp = generate_rollouts(self.model, self.tokenizer, [dataset[i] for i in indices], 1, greedy)
             scores = self.reward_scorer.score(exp.prompts, exp.labels, exp.responses)
             totals["correct"] += sum(s >= self.reward_scorer.max_score for s in scores)
             totals["reward"] += sum(scores)

@@ -13,6 +13,7 @@ if not __package__:  # run as a script path: make the repository root importable
 import paddle
 from paddlenlp.trainer import set_seed
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
+from paddlenlp.utils.log import logger
 
 from llm.alignment.ppo.arguments import parse_arguments
 from llm.alignment.ppo.data import PromptDataset
@@ -39,13 +40,17 @@ def load_models(model_args, training_args):
     return actor, reference
 
 
-def main(argv):
+def build_trainer(argv):
+    """Parse the config and build the tokenizer, models, datasets, reward and trainer it describes."""
     model_args, data_args, training_args = parse_arguments(argv)
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.actor_model_name_or_path)
     if tokenizer.pad_token_id is None:
-        raise ValueError(f"the tokenizer of {model_args.actor_model_name_or_path} has no pad token; set pad_token in its config")
+        # Llama 3 ships no pad token. EOS is a safe pad here: prompts are padded under a zero attention
+        # mask, and response masks end at the first EOS.
+        logger.info(f"the tokenizer has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
+        tokenizer.pad_token = tokenizer.eos_token
     actor, reference = load_models(model_args, training_args)
 
     def prompts(paths, max_samples=0):
@@ -53,18 +58,20 @@ def main(argv):
             paths, tokenizer, data_args.max_prompt_len, data_args.prompt_key, data_args.label_key, max_samples
         )
 
-    train_dataset = prompts(data_args.train_datasets)
-    eval_dataset = prompts(data_args.eval_datasets, data_args.max_eval_samples) if data_args.eval_datasets else None
-    trainer = PPOTrainer(
+    return PPOTrainer(
         model=actor,
         reference_model=reference,
         tokenizer=tokenizer,
         args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
+        train_dataset=prompts(data_args.train_datasets),
+        eval_dataset=prompts(data_args.eval_datasets, data_args.max_eval_samples) if data_args.eval_datasets else None,
         reward_scorer=build_reward_scorer(training_args),
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+
+
+def main(argv):
+    trainer = build_trainer(argv)
+    trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ class RLTrainingArguments(TrainingArguments):
     use_rm_server: bool = field(default=False, metadata={"help": "Score responses with the reward server."})
     reward_server: str = field(default="http://127.0.0.1:8731", metadata={"help": "URL of the reward server."})
     reward_server_timeout: float = field(default=60.0, metadata={"help": "Seconds to wait for one reward request."})
-    reward_server_max_retries: int = field(default=3, metadata={"help": "Attempts per reward request before stopping."})
+    reward_server_max_retries: int = field(default=3, metadata={"help": "Retries of a failed reward request (exponential backoff) before the run stops."})
     use_rule_reward: bool = field(default=False, metadata={"help": "Score responses in-process with the rule reward of reward_task."})
     reward_task: str = field(default="kk", metadata={"help": "Rule reward task: " + ", ".join(sorted(REWARD_TASKS))})
     sample_log_interval: int = field(default=5, metadata={"help": "Write a table of sample completions every logging_steps * this steps."})
@@ -104,7 +104,7 @@ class RLTrainingArguments(TrainingArguments):
             value = getattr(self, key)
             if value not in registry.names():
                 raise ValueError(f"{key}={value!r} is not available; choose from {registry.names()}")
-        positive = ["rollout_n", "per_device_prompt_batch_size", "max_dec_len", "update_iters", "max_steps", "reward_server_max_retries"]
+        positive = ["rollout_n", "per_device_prompt_batch_size", "max_dec_len", "update_iters", "max_steps"]
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
@@ -116,7 +116,7 @@ class RLTrainingArguments(TrainingArguments):
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
-        for key in ["clip_range_ratio_low", "clip_range_ratio_high", "clip_range_score", "kl_loss_coeff"]:
+        for key in ["clip_range_ratio_low", "clip_range_ratio_high", "clip_range_score", "kl_loss_coeff", "reward_server_max_retries"]:
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
         if self.clip_range_ratio_low >= 1:

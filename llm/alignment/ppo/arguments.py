@@ -104,7 +104,7 @@ class RLTrainingArguments(TrainingArguments):
             value = getattr(self, key)
             if value not in registry.names():
                 raise ValueError(f"{key}={value!r} is not available; choose from {registry.names()}")
-        positive = ["rollout_n", "per_device_prompt_batch_size", "max_dec_len", "update_iters", "max_steps"]
+        positive = ["rollout_n", "per_device_prompt_batch_size", "max_dec_len", "update_iters", "max_steps", "sample_log_interval"]
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")

@@ -240,10 +240,10 @@ class PPOTrainer(Trainer):
             "zero_std_group_frac": float(np.mean(groups.std(axis=1) == 0)),
             "response_length_mean": float(lengths.mean()),
             "response_clipped_ratio": float(1.0 - exp.finished.astype("float32").mean()),
-            "rollout_tokens_per_s": float(lengths.sum()) / max(rollout_seconds, 1e-9),
         }
         metrics = mean_over_ranks(local)
-        metrics["rollout_tokens_per_s"] = local["rollout_tokens_per_s"] * (dist.get_world_size() if is_distributed() else 1)
+        # Ranks decode at the same time, so their rates add up.
+        metrics["rollout_tokens_per_s"] = all_reduce_scalars({"rate": float(lengths.sum()) / max(rollout_seconds, 1e-9)})["rate"]
         metrics["response_length_max"] = all_reduce_scalars({"max": float(lengths.max())}, op=dist.ReduceOp.MAX)["max"]
         return metrics
 

@@ -38,14 +38,15 @@ def build_tiny_world(root):
     sft_dir = os.path.join(root, "sft_model")
     build_tokenizer(tokenizer_dir)
     build_tiny_model(tokenizer_dir, random_dir, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
-    generate(os.path.join(root, "data"), num_eval=16, num_sft=2048)
+    generate(os.path.join(root, "data"), num_eval=16, num_sft=4096)
     sft_overrides = {
         "model_name_or_path": random_dir,
         "dataset_name_or_path": os.path.join(root, "data", "sft"),
         "output_dir": sft_dir,
         "logging_dir": os.path.join(root, "sft_vdl"),
-        "max_steps": 60,
-        "per_device_train_batch_size": 32,
+        "max_steps": 200,
+        "per_device_train_batch_size": 64,
+        "learning_rate": 5e-3,
         "logging_steps": 20,
     }
     run_finetune.main([SFT_CONFIG] + [t for k, v in sft_overrides.items() for t in (f"--{k}", str(v))])

@@ -9,11 +9,14 @@ import sys
 import numpy as np
 import paddle
 import pytest
-from paddlenlp.transformers import AutoModelForCausalLM
+from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import running_reward_server
 from llm.alignment.ppo import run_ppo
+from llm.alignment.ppo.data import PromptDataset
+from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
 from llm.alignment.ppo.reward_client import RewardServerError
+from llm.alignment.ppo.rewards.arith import arith_reward
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
@@ -114,7 +117,7 @@ def test_two_process_data_parallel_run_under_launch(tiny_world, tmp_path):
     command = [
         sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(log_dir),
         os.path.join(REPO_ROOT, "llm", "alignment", "ppo", "run_ppo.py"), TINY_CONFIG,
-        *overrides(tiny_world, str(tmp_path / "out"), per_device_prompt_batch_size=2, max_steps=2),
+        *overrides(tiny_world, str(tmp_path / "out"), per_device_prompt_batch_size=2, max_steps=2, max_eval_samples=15),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -125,6 +128,14 @@ def test_two_process_data_parallel_run_under_launch(tiny_world, tmp_path):
     # Rank 0 writes; every rank's RNG state is kept for an exact resume.
     assert (out / "checkpoint-2" / "rng_state_2.pth").is_file()
     assert len(paddle.load(str(out / "checkpoint-2" / "rng_state_2.pth"), return_numpy=True)) == 2
+    # The two ranks' greedy evaluation covers each of the 15 prompts once: it equals a single-process one.
+    tokenizer = AutoTokenizer.from_pretrained(tiny_world["model"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
+    prompts = PromptDataset(tiny_world["eval"], tokenizer, max_prompt_len=16, max_samples=15)
+    exp = generate_rollouts(model, tokenizer, list(prompts), 1, SamplingConfig(max_dec_len=4, min_dec_len=1, greedy=True))
+    expected = np.mean([arith_reward(p, l, r) for p, l, r in zip(exp.prompts, exp.labels, exp.responses)])
+    initial = json.loads((out / "initial_eval_results.json").read_text())
+    assert initial["eval_accuracy"] == pytest.approx(expected)
     # Rank 0 alone logs metrics, sample tables and VisualDL records.
     assert "reward_mean" in logs[0] and "samples at step" in logs[0]
     assert "samples at step" not in logs[1]

@@ -265,12 +265,15 @@ class PPOTrainer(Trainer):
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         """Greedy accuracy and mean reward on this rank's share of the eval prompts, summed over ranks."""
         dataset = eval_dataset or self.eval_dataset
-        sampler = DistributedBatchSampler(dataset, batch_size=self.args.per_device_eval_batch_size, shuffle=False)
+        # Every prompt exactly once over all ranks (no padding repeats), so the counts are exact.
+        shard = list(range(dist.get_rank() if is_distributed() else 0, len(dataset), self.args.world_size))
+        size = self.args.per_device_eval_batch_size
         greedy = SamplingConfig.from_args(self.args, greedy=True)
         totals = {"correct": 0.0, "reward": 0.0, "count": 0.0}
-        for indices in sampler:
+        for start in range(0, len(shard), size):
             with self.autocast_smart_context_manager():
-                exp = generate_rollouts(self.model, self.tokenizer, [dataset[i] for i in indices], 1, greedy)
+                items = [dataset[i] for i in shard[start : start + size]]
+                exp = generate_rollouts(self.model, self.tokenizer, items, 1, greedy)
             scores = self.reward_scorer.score(exp.prompts, exp.labels, exp.responses)
             totals["correct"] += sum(s >= self.reward_scorer.max_score for s in scores)
             totals["reward"] += sum(scores)

@@ -55,6 +55,10 @@ class RLTrainingArguments(TrainingArguments):
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass during rollout."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature during rollout."})
     repetition_penalty: float = field(default=1.0, metadata={"help": "CTRL-style repetition penalty during rollout."})
+    top_k: int = field(default=0, metadata={"help": "Sample among the k most likely tokens (0: no limit)."})
+    use_fusemt: bool = field(
+        default=True, metadata={"help": "Decode with the paddlenlp_ops fast loop when installed (else generate())."}
+    )
     update_iters: int = field(default=1, metadata={"help": "Passes over each rollout batch."})
     kl_loss_coeff: float = field(default=0.001, metadata={"help": "Weight of the KL-to-reference loss (0 disables the reference model)."})
     kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2 or k3."})
@@ -114,6 +118,8 @@ class RLTrainingArguments(TrainingArguments):
             raise ValueError(f"min_dec_len={self.min_dec_len} must lie in [0, max_dec_len={self.max_dec_len}]")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: no limit), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
         for key in ["clip_range_ratio_low", "clip_range_ratio_high", "clip_range_score", "kl_loss_coeff", "reward_server_max_retries"]:

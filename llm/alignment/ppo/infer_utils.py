@@ -1,13 +1,25 @@
 """Rollout engine: sample `n` responses per prompt and package them as an `Experience`.
 
-This version decodes with paddlenlp's `generate()` (with an explicit attention mask, which CPU needs).
+Two decoders give the same output contract:
+- the fast path: a decode loop over a preallocated KV cache (models/static_cache_decoder.py) whose
+  sampling side runs on the `paddlenlp_ops` custom ops built from csrc/ (penalties, top-k/top-p
+  sampling, history and stop bookkeeping), with one host synchronisation per step (the stop check);
+- paddlenlp's `generate()` (with an explicit attention mask, which CPU needs), used when the ops are
+  not installed, `use_fusemt` is off, or the model is not supported by the fast path.
 """
 
+import logging
 from dataclasses import dataclass
+from functools import lru_cache
 
 import paddle
 
 from llm.alignment.ppo.experience import Experience
+from llm.alignment.ppo.models.static_cache_decoder import StaticCacheDecoder, unsupported_reason
+
+logger = logging.getLogger(__name__)
+
+ROLLOUT_OPS = ("rollout_token_penalty", "rollout_sample", "rollout_save_step", "rollout_update_stop")
 
 
 @dataclass(frozen=True)
@@ -17,11 +29,46 @@ class SamplingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     repetition_penalty: float = 1.0
+    top_k: int = 0
     greedy: bool = False
 
     @classmethod
     def from_args(cls, args, greedy=False):
-        return cls(args.max_dec_len, args.min_dec_len, args.temperature, args.top_p, args.repetition_penalty, greedy)
+        return cls(
+            args.max_dec_len, args.min_dec_len, args.temperature, args.top_p, args.repetition_penalty, args.top_k, greedy
+        )
+
+
+@lru_cache(maxsize=None)
+def rollout_ops():
+    """The `paddlenlp_ops` module when it provides this project's rollout ops, else None (said once)."""
+    try:
+        import paddlenlp_ops
+    except ImportError:
+        logger.warning("paddlenlp_ops is not installed: rollout uses generate(); build csrc/ for the fast decode loop")
+        return None
+    missing = [name for name in ROLLOUT_OPS if not hasattr(paddlenlp_ops, name)]
+    if missing:
+        logger.warning(f"the installed paddlenlp_ops ({paddlenlp_ops.__file__}) lacks {missing}: rollout uses generate()")
+        return None
+    return paddlenlp_ops
+
+
+@lru_cache(maxsize=None)
+def warn_unsupported(reason):
+    logger.warning(f"fast rollout unavailable ({reason}): rollout uses generate()")
+
+
+def fast_path_ops(model, use_fast):
+    """The rollout ops when the fast decode loop can run `model`, else None."""
+    if not use_fast:
+        return None
+    ops = rollout_ops()
+    reason = unsupported_reason(model)
+    if ops is not None and reason is not None:
+        warn_unsupported(reason)
+        return None
+    return ops
 
 
 def left_pad(sequences, pad_id):
@@ -40,13 +87,39 @@ def response_mask_from_tokens(response_ids, eos_token_id):
     return mask, is_eos.sum(axis=1) > 0
 
 
-@paddle.no_grad()
-def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig):
-    """Sample `n` responses for each prompt item ({"prompt", "label", "input_ids"}) in one batched decode."""
-    prompt_ids = [item["input_ids"] for item in items for _ in range(n)]
-    input_ids, prompt_mask = left_pad(prompt_ids, tokenizer.pad_token_id)
-    was_training = model.training
-    model.eval()
+def per_row(value, rows, dtype):
+    return paddle.full([rows], value, dtype=dtype)
+
+
+def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: SamplingConfig):
+    """The fast decode loop: returns response ids [B, R], R = the longest response."""
+    rows, prompt_len = input_ids.shape
+    max_dec = sampling.max_dec_len
+    decoder = StaticCacheDecoder(model, rows, prompt_len + max_dec, prompt_mask)
+    eos_ids = paddle.to_tensor([tokenizer.eos_token_id], dtype="int64")
+    no_banned = paddle.zeros([0], dtype="int64")
+    history = paddle.full([rows, max_dec], tokenizer.pad_token_id, dtype="int64")
+    step_idx = paddle.zeros([rows], dtype="int64")
+    stop_flags = paddle.zeros([rows], dtype="bool")
+    penalties = [per_row(sampling.repetition_penalty, rows, "float32"), per_row(0.0, rows, "float32"),
+                 per_row(0.0, rows, "float32"), per_row(sampling.min_dec_len, rows, "int64")]
+    temperature = per_row(0.0 if sampling.greedy else sampling.temperature, rows, "float32")
+    top_k, top_p = per_row(sampling.top_k, rows, "int64"), per_row(sampling.top_p, rows, "float32")
+    # One seed per rollout from paddle's generator: reproducible with the run's seed and restored on resume.
+    seed = int(paddle.randint(0, 2**31 - 1, [1]))
+    logits = decoder.prefill(input_ids)
+    for _ in range(max_dec):
+        ops.rollout_token_penalty(logits, history, step_idx, *penalties, eos_ids, no_banned)
+        tokens = ops.rollout_sample(logits, temperature, top_k, top_p, step_idx, seed)
+        ops.rollout_save_step(history, step_idx, tokens, stop_flags)
+        _, _, not_need_stop = ops.rollout_update_stop(tokens, stop_flags, step_idx, eos_ids, max_dec, tokenizer.pad_token_id)
+        if not bool(not_need_stop):
+            break
+        logits = decoder.step(tokens)
+    return history[:, : int(step_idx.max())]
+
+
+def decode_with_generate(model, tokenizer, input_ids, prompt_mask, sampling: SamplingConfig):
     response_ids, _ = model.generate(
         input_ids=input_ids,
         attention_mask=prompt_mask,
@@ -56,10 +129,26 @@ def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig):
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         repetition_penalty=sampling.repetition_penalty,
+        top_k=sampling.top_k,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         use_cache=True,
     )
+    return response_ids
+
+
+@paddle.no_grad()
+def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_fast=True):
+    """Sample `n` responses for each prompt item ({"prompt", "label", "input_ids"}) in one batched decode."""
+    prompt_ids = [item["input_ids"] for item in items for _ in range(n)]
+    input_ids, prompt_mask = left_pad(prompt_ids, tokenizer.pad_token_id)
+    was_training = model.training
+    model.eval()
+    ops = fast_path_ops(model, use_fast)
+    if ops is not None:
+        response_ids = decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling)
+    else:
+        response_ids = decode_with_generate(model, tokenizer, input_ids, prompt_mask, sampling)
     model.train(was_training)
     response_mask, finished = response_mask_from_tokens(response_ids, tokenizer.eos_token_id)
     # Padding after EOS becomes pad tokens, so decoding never shows what the model emitted past the end.

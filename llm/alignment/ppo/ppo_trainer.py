@@ -146,7 +146,7 @@ class PPOTrainer(Trainer):
         args = self.args
         started = time.time()
         with self.autocast_smart_context_manager():
-            exp = generate_rollouts(self.model, self.tokenizer, items, args.rollout_n, self.sampling)
+            exp = generate_rollouts(self.model, self.tokenizer, items, args.rollout_n, self.sampling, args.use_fusemt)
         rollout_seconds = time.time() - started
         scores = self.reward_scorer.score(exp.prompts, exp.labels, exp.responses)
         exp.rewards = paddle.to_tensor(scores, dtype="float32").clip(-args.clip_range_score, args.clip_range_score)
@@ -273,7 +273,7 @@ class PPOTrainer(Trainer):
         for start in range(0, len(shard), size):
             with self.autocast_smart_context_manager():
                 items = [dataset[i] for i in shard[start : start + size]]
-                exp = generate_rollouts(self.model, self.tokenizer, items, 1, greedy)
+                exp = generate_rollouts(self.model, self.tokenizer, items, 1, greedy, self.args.use_fusemt)
             scores = self.reward_scorer.score(exp.prompts, exp.labels, exp.responses)
             totals["correct"] += sum(s >= self.reward_scorer.max_score for s in scores)
             totals["reward"] += sum(scores)

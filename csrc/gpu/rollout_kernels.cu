@@ -1,0 +1,47 @@
+// Launchers of the CUDA rollout kernels (rollout_kernels.cuh). Paddle-free: `nvcc -c` compiles it alone.
+
+#include <cuda_runtime.h>
+
+#include "rollout_kernels.cuh"
+#include "rollout_launchers.h"
+
+namespace rollout {
+
+namespace {
+cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
+int BlocksFor(int64_t items) { return static_cast<int>((items + kThreads - 1) / kThreads); }
+}  // namespace
+
+void LaunchTokenPenalty(float* logits, int32_t* counts, const int64_t* history, const int64_t* step_idx,
+                        const float* repetition, const float* frequency, const float* presence,
+                        const int64_t* min_len, const int64_t* eos_ids, int64_t num_eos, const int64_t* banned_ids,
+                        int64_t num_banned, int64_t rows, int64_t vocab, int64_t history_len, void* stream) {
+  if (rows == 0) return;
+  TokenPenaltyKernel<<<rows, kThreads, 0, AsStream(stream)>>>(logits, counts, history, step_idx, repetition,
+                                                               frequency, presence, min_len, eos_ids, num_eos,
+                                                               banned_ids, num_banned, vocab, history_len);
+}
+
+void LaunchSample(const float* logits, float* probs, const float* temperature, const int64_t* top_k,
+                  const float* top_p, const int64_t* step_idx, uint64_t seed, int64_t* tokens, int64_t rows,
+                  int64_t vocab, void* stream) {
+  if (rows == 0) return;
+  SampleKernel<<<rows, kThreads, 0, AsStream(stream)>>>(logits, probs, temperature, top_k, top_p, step_idx, seed,
+                                                         tokens, vocab);
+}
+
+void LaunchSaveStep(int64_t* history, int64_t* step_idx, const int64_t* tokens, const bool* stop_flags,
+                    int64_t rows, int64_t history_len, void* stream) {
+  if (rows == 0) return;
+  SaveStepKernel<<<BlocksFor(rows), kThreads, 0, AsStream(stream)>>>(history, step_idx, tokens, stop_flags, rows,
+                                                                     history_len);
+}
+
+void LaunchUpdateStop(int64_t* tokens, bool* stop_flags, const int64_t* step_idx, const int64_t* eos_ids,
+                      int64_t num_eos, int64_t max_dec_len, int64_t pad_id, bool* any_running, int64_t rows,
+                      void* stream) {
+  UpdateStopKernel<<<1, 1024, 0, AsStream(stream)>>>(tokens, stop_flags, step_idx, eos_ids, num_eos, max_dec_len,
+                                                     pad_id, any_running, rows);
+}
+
+}  // namespace rollout

@@ -1,0 +1,245 @@
+// Paddle custom ops of the rollout decode loop (package `paddlenlp_ops`). Each op has a CPU kernel
+// here; with ROLLOUT_OPS_WITH_CUDA (setup_cuda.py) GPU tensors go to the launchers of gpu/, which
+// hold the CUDA code free of Paddle includes. csrc/README.md documents every op.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+#include <vector>
+
+#include "common/rollout_math.h"
+#include "paddle/extension.h"
+
+#ifdef ROLLOUT_OPS_WITH_CUDA
+#include "gpu/rollout_launchers.h"
+#endif
+
+namespace {
+
+constexpr float kMaskedLogit = -std::numeric_limits<float>::infinity();
+
+void CheckRowVector(const paddle::Tensor& t, int64_t rows, const char* name) {
+  PD_CHECK(t.shape().size() == 1 && t.shape()[0] == rows, name, " must have shape [", rows, "]");
+}
+
+#ifdef ROLLOUT_OPS_WITH_CUDA
+void* StreamOf(const paddle::Tensor& t) { return static_cast<void*>(t.stream()); }
+#endif
+
+// ---- rollout_token_penalty ---------------------------------------------------------------------
+
+void TokenPenaltyCPU(float* logits, const int64_t* history, const int64_t* step_idx, const float* repetition,
+                     const float* frequency, const float* presence, const int64_t* min_len, const int64_t* eos_ids,
+                     int64_t num_eos, const int64_t* banned_ids, int64_t num_banned, int64_t rows, int64_t vocab,
+                     int64_t history_len) {
+  for (int64_t b = 0; b < rows; ++b) {
+    float* row = logits + b * vocab;
+    std::unordered_map<int64_t, int64_t> counts;
+    int64_t generated = std::min(step_idx[b], history_len);
+    for (int64_t t = 0; t < generated; ++t) {
+      int64_t token = history[b * history_len + t];
+      if (token >= 0 && token < vocab) ++counts[token];
+    }
+    for (const auto& [token, count] : counts) {
+      float value = row[token];
+      value = value > 0 ? value / repetition[b] : value * repetition[b];
+      row[token] = value - static_cast<float>(count) * frequency[b] - presence[b];
+    }
+    if (step_idx[b] < min_len[b]) {
+      for (int64_t e = 0; e < num_eos; ++e) {
+        if (eos_ids[e] >= 0 && eos_ids[e] < vocab) row[eos_ids[e]] = kMaskedLogit;
+      }
+    }
+    for (int64_t k = 0; k < num_banned; ++k) {
+      if (banned_ids[k] >= 0 && banned_ids[k] < vocab) row[banned_ids[k]] = kMaskedLogit;
+    }
+  }
+}
+
+void TokenPenalty(const paddle::Tensor& logits, const paddle::Tensor& history, const paddle::Tensor& step_idx,
+                  const paddle::Tensor& repetition_penalty, const paddle::Tensor& frequency_penalty,
+                  const paddle::Tensor& presence_penalty, const paddle::Tensor& min_len,
+                  const paddle::Tensor& eos_ids, const paddle::Tensor& banned_ids) {
+  PD_CHECK(logits.shape().size() == 2, "logits must be [batch, vocab]");
+  const int64_t rows = logits.shape()[0], vocab = logits.shape()[1];
+  PD_CHECK(history.shape().size() == 2 && history.shape()[0] == rows, "history must be [batch, max_dec_len]");
+  for (const auto* t : {&step_idx, &repetition_penalty, &frequency_penalty, &presence_penalty, &min_len}) {
+    CheckRowVector(*t, rows, "per-row penalty inputs");
+  }
+  const int64_t history_len = history.shape()[1];
+  auto* out = const_cast<float*>(logits.data<float>());
+#ifdef ROLLOUT_OPS_WITH_CUDA
+  if (logits.is_gpu()) {
+    auto counts = paddle::empty({rows, vocab}, paddle::DataType::INT32, logits.place());
+    rollout::LaunchTokenPenalty(out, counts.data<int32_t>(), history.data<int64_t>(), step_idx.data<int64_t>(),
+                                repetition_penalty.data<float>(), frequency_penalty.data<float>(),
+                                presence_penalty.data<float>(), min_len.data<int64_t>(), eos_ids.data<int64_t>(),
+                                eos_ids.numel(), banned_ids.data<int64_t>(), banned_ids.numel(), rows, vocab,
+                                history_len, StreamOf(logits));
+    return;
+  }
+#endif
+  TokenPenaltyCPU(out, history.data<int64_t>(), step_idx.data<int64_t>(), repetition_penalty.data<float>(),
+                  frequency_penalty.data<float>(), presence_penalty.data<float>(), min_len.data<int64_t>(),
+                  eos_ids.data<int64_t>(), eos_ids.numel(), banned_ids.data<int64_t>(), banned_ids.numel(), rows,
+                  vocab, history_len);
+}
+
+// ---- rollout_sample ----------------------------------------------------------------------------
+
+// The smallest probability kept by top-k then top-p, over unnormalised probabilities `probs`.
+// Every token whose probability is >= this threshold stays (ties at the boundary all stay).
+float KeepThreshold(const std::vector<float>& probs, int64_t top_k, float top_p) {
+  std::vector<float> sorted(probs);
+  std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+  int64_t vocab = static_cast<int64_t>(sorted.size());
+  float threshold = 0.0f;
+  if (top_k > 0 && top_k < vocab) threshold = sorted[top_k - 1];
+  if (top_p < 1.0f) {
+    double kept_mass = 0.0;
+    for (float p : sorted) kept_mass += p >= threshold ? p : 0.0;
+    double target = static_cast<double>(top_p) * kept_mass, cumulative = 0.0;
+    for (float p : sorted) {
+      if (p < threshold) break;
+      cumulative += p;
+      if (cumulative >= target) return std::max(threshold, p);
+    }
+  }
+  return threshold;
+}
+
+int64_t SampleRowCPU(const float* logits, int64_t vocab, float temperature, int64_t top_k, float top_p,
+                     double uniform) {
+  int64_t best = std::max_element(logits, logits + vocab) - logits;
+  if (temperature <= 0.0f || top_k == 1) return best;
+  const float max_scaled = logits[best] / temperature;
+  std::vector<float> probs(vocab);
+  for (int64_t v = 0; v < vocab; ++v) probs[v] = std::exp(logits[v] / temperature - max_scaled);
+  const float threshold = KeepThreshold(probs, top_k, top_p);
+  double kept_mass = 0.0;
+  for (float p : probs) kept_mass += p >= threshold ? p : 0.0;
+  // Inverse CDF in token order over the kept tokens.
+  double target = uniform * kept_mass, cumulative = 0.0;
+  int64_t last_kept = best;
+  for (int64_t v = 0; v < vocab; ++v) {
+    if (probs[v] < threshold || probs[v] <= 0.0f) continue;
+    cumulative += probs[v];
+    last_kept = v;
+    if (cumulative > target) return v;
+  }
+  return last_kept;  // rounding left the target past the end
+}
+
+std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits, const paddle::Tensor& temperature,
+                                   const paddle::Tensor& top_k, const paddle::Tensor& top_p,
+                                   const paddle::Tensor& step_idx, int64_t seed) {
+  PD_CHECK(logits.shape().size() == 2, "logits must be [batch, vocab]");
+  const int64_t rows = logits.shape()[0], vocab = logits.shape()[1];
+  for (const auto* t : {&temperature, &top_k, &top_p, &step_idx}) CheckRowVector(*t, rows, "sampling inputs");
+  auto tokens = paddle::empty({rows}, paddle::DataType::INT64, logits.place());
+#ifdef ROLLOUT_OPS_WITH_CUDA
+  if (logits.is_gpu()) {
+    auto workspace = paddle::empty({rows, vocab}, paddle::DataType::FLOAT32, logits.place());
+    rollout::LaunchSample(logits.data<float>(), workspace.data<float>(), temperature.data<float>(),
+                          top_k.data<int64_t>(), top_p.data<float>(), step_idx.data<int64_t>(),
+                          static_cast<uint64_t>(seed), tokens.data<int64_t>(), rows, vocab, StreamOf(logits));
+    return {tokens};
+  }
+#endif
+  const float* data = logits.data<float>();
+  int64_t* out = tokens.data<int64_t>();
+  for (int64_t b = 0; b < rows; ++b) {
+    double u = rollout::uniform01(static_cast<uint64_t>(seed), b, static_cast<uint64_t>(step_idx.data<int64_t>()[b]));
+    out[b] = SampleRowCPU(data + b * vocab, vocab, temperature.data<float>()[b], top_k.data<int64_t>()[b],
+                          top_p.data<float>()[b], u);
+  }
+  return {tokens};
+}
+
+// ---- rollout_save_step -------------------------------------------------------------------------
+
+void SaveStep(const paddle::Tensor& history, const paddle::Tensor& step_idx, const paddle::Tensor& tokens,
+              const paddle::Tensor& stop_flags) {
+  PD_CHECK(history.shape().size() == 2, "history must be [batch, max_dec_len]");
+  const int64_t rows = history.shape()[0], history_len = history.shape()[1];
+  for (const auto* t : {&step_idx, &tokens, &stop_flags}) CheckRowVector(*t, rows, "save_step inputs");
+  auto* hist = const_cast<int64_t*>(history.data<int64_t>());
+  auto* steps = const_cast<int64_t*>(step_idx.data<int64_t>());
+#ifdef ROLLOUT_OPS_WITH_CUDA
+  if (history.is_gpu()) {
+    rollout::LaunchSaveStep(hist, steps, tokens.data<int64_t>(), stop_flags.data<bool>(), rows, history_len,
+                            StreamOf(history));
+    return;
+  }
+#endif
+  for (int64_t b = 0; b < rows; ++b) {
+    if (stop_flags.data<bool>()[b] || steps[b] >= history_len) continue;
+    hist[b * history_len + steps[b]] = tokens.data<int64_t>()[b];
+    ++steps[b];
+  }
+}
+
+// ---- rollout_update_stop -----------------------------------------------------------------------
+
+std::vector<paddle::Tensor> UpdateStop(const paddle::Tensor& tokens, const paddle::Tensor& stop_flags,
+                                       const paddle::Tensor& step_idx, const paddle::Tensor& eos_ids,
+                                       int64_t max_dec_len, int64_t pad_id) {
+  PD_CHECK(tokens.shape().size() == 1, "tokens must be [batch]");
+  const int64_t rows = tokens.shape()[0];
+  CheckRowVector(stop_flags, rows, "stop_flags");
+  CheckRowVector(step_idx, rows, "step_idx");
+  auto* toks = const_cast<int64_t*>(tokens.data<int64_t>());
+  auto* flags = const_cast<bool*>(stop_flags.data<bool>());
+  auto not_need_stop = paddle::empty({1}, paddle::DataType::BOOL, paddle::CPUPlace());
+#ifdef ROLLOUT_OPS_WITH_CUDA
+  if (tokens.is_gpu()) {
+    auto any_running = paddle::empty({1}, paddle::DataType::BOOL, tokens.place());
+    rollout::LaunchUpdateStop(toks, flags, step_idx.data<int64_t>(), eos_ids.data<int64_t>(), eos_ids.numel(),
+                              max_dec_len, pad_id, any_running.data<bool>(), rows, StreamOf(tokens));
+    // The loop's one host synchronisation per step: whether any row still runs.
+    return {any_running.copy_to(paddle::CPUPlace(), true)};
+  }
+#endif
+  bool running = false;
+  for (int64_t b = 0; b < rows; ++b) {
+    if (flags[b]) {
+      toks[b] = pad_id;
+      continue;
+    }
+    bool is_eos = std::find(eos_ids.data<int64_t>(), eos_ids.data<int64_t>() + eos_ids.numel(), toks[b]) !=
+                  eos_ids.data<int64_t>() + eos_ids.numel();
+    if (is_eos || step_idx.data<int64_t>()[b] >= max_dec_len) flags[b] = true;
+    running = running || !flags[b];
+  }
+  not_need_stop.data<bool>()[0] = running;
+  return {not_need_stop};
+}
+
+}  // namespace
+
+PD_BUILD_OP(rollout_token_penalty)
+    .Inputs({"logits", "history", "step_idx", "repetition_penalty", "frequency_penalty", "presence_penalty",
+             "min_len", "eos_ids", "banned_ids"})
+    .Outputs({"logits_out"})
+    .SetInplaceMap({{"logits", "logits_out"}})
+    .SetKernelFn(PD_KERNEL(TokenPenalty));
+
+PD_BUILD_OP(rollout_sample)
+    .Inputs({"logits", "temperature", "top_k", "top_p", "step_idx"})
+    .Outputs({"tokens"})
+    .Attrs({"seed: int64_t"})
+    .SetKernelFn(PD_KERNEL(Sample));
+
+PD_BUILD_OP(rollout_save_step)
+    .Inputs({"history", "step_idx", "tokens", "stop_flags"})
+    .Outputs({"history_out", "step_idx_out"})
+    .SetInplaceMap({{"history", "history_out"}, {"step_idx", "step_idx_out"}})
+    .SetKernelFn(PD_KERNEL(SaveStep));
+
+PD_BUILD_OP(rollout_update_stop)
+    .Inputs({"tokens", "stop_flags", "step_idx", "eos_ids"})
+    .Outputs({"tokens_out", "stop_flags_out", "not_need_stop"})
+    .SetInplaceMap({{"tokens", "tokens_out"}, {"stop_flags", "stop_flags_out"}})
+    .Attrs({"max_dec_len: int64_t", "pad_id: int64_t"})
+    .SetKernelFn(PD_KERNEL(UpdateStop));

@@ -1,0 +1,1 @@
+"""Model wrappers used by the RL stages."""

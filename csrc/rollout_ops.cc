@@ -35,8 +35,9 @@ void TokenPenaltyCPU(float* logits, const int64_t* history, const int64_t* step_
                      int64_t history_len) {
   for (int64_t b = 0; b < rows; ++b) {
     float* row = logits + b * vocab;
+    const bool penalised = repetition[b] != 1.0f || frequency[b] != 0.0f || presence[b] != 0.0f;
     std::unordered_map<int64_t, int64_t> counts;
-    int64_t generated = std::min(step_idx[b], history_len);
+    int64_t generated = penalised ? std::min(step_idx[b], history_len) : 0;
     for (int64_t t = 0; t < generated; ++t) {
       int64_t token = history[b * history_len + t];
       if (token >= 0 && token < vocab) ++counts[token];

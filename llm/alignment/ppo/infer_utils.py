@@ -49,7 +49,8 @@ def rollout_ops():
         return None
     missing = [name for name in ROLLOUT_OPS if not hasattr(paddlenlp_ops, name)]
     if missing:
-        logger.warning(f"the installed paddlenlp_ops ({paddlenlp_ops.__file__}) lacks {missing}: rollout uses generate()")
+        where = getattr(paddlenlp_ops, "__file__", None) or "a namespace package"
+        logger.warning(f"the installed paddlenlp_ops ({where}) lacks {missing}: rollout uses generate()")
         return None
     return paddlenlp_ops
 

@@ -1,0 +1,105 @@
+"""The fast rollout engine (static KV cache + paddlenlp_ops) against paddlenlp generate() and the model."""
+
+import json
+import logging
+import sys
+import types
+
+import numpy as np
+import paddle
+import pytest
+from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
+
+from llm.alignment.ppo import infer_utils
+from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
+from test_rollout_ops import ops  # noqa: F401  (the fixture: paddlenlp_ops, required in CI)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_world):
+    return AutoTokenizer.from_pretrained(tiny_world["model"])
+
+
+def prompt_items(tokenizer, prompts):
+    return [{"prompt": p, "label": "0", "input_ids": tokenizer(p)["input_ids"]} for p in prompts]
+
+
+def eval_items(tiny_world, tokenizer, count):
+    rows = [json.loads(line) for line in open(tiny_world["eval"])][:count]
+    return [{"prompt": r["src"], "label": r["tgt"], "input_ids": tokenizer(r["src"])["input_ids"]} for r in rows]
+
+
+@pytest.mark.parametrize("which, min_dec_len", [("model", 0), ("random_model", 24)])
+def test_greedy_fast_path_matches_generate_token_for_token(ops, tiny_world, tokenizer, which, min_dec_len):  # noqa: F811
+    # The SFT model answers in a few tokens; the random model is forced to write 24 or more.
+    model = AutoModelForCausalLM.from_pretrained(tiny_world[which])
+    items = eval_items(tiny_world, tokenizer, 12) + prompt_items(tokenizer, ["12+3+45=", "9+", "1+2+3+4+5+6="])
+    greedy = SamplingConfig(max_dec_len=32, min_dec_len=min_dec_len, greedy=True)
+    fast = generate_rollouts(model, tokenizer, items, 1, greedy, use_fast=True)
+    slow = generate_rollouts(model, tokenizer, items, 1, greedy, use_fast=False)
+    assert fast.input_ids.shape[1] > fast.prompt_len + min_dec_len - 1
+    np.testing.assert_array_equal(fast.input_ids.numpy(), slow.input_ids.numpy())
+    np.testing.assert_array_equal(fast.response_mask.numpy(), slow.response_mask.numpy())
+    assert fast.responses == slow.responses
+
+
+def test_fast_sampling_frequencies_match_the_model(ops, tiny_world, tokenizer):  # noqa: F811
+    model = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
+    model.eval()
+    prompt = "4+5+7="
+    ids = tokenizer(prompt)["input_ids"]
+    with paddle.no_grad():
+        inputs = {"input_ids": paddle.to_tensor([ids]), "attention_mask": paddle.ones([1, len(ids)], "int64")}
+        logits = model(**inputs, return_dict=True).logits
+    probs = paddle.nn.functional.softmax(logits[0, -1].astype("float32")).numpy().astype(np.float64)
+    draws = 3000
+    paddle.seed(11)
+    exp = generate_rollouts(model, tokenizer, prompt_items(tokenizer, [prompt]), draws, SamplingConfig(max_dec_len=1))
+    first_tokens = exp.input_ids[:, exp.prompt_len].numpy()
+    # Chi-square over tokens expected at least 5 times, the rest pooled into one bin.
+    expected, observed = probs * draws, np.bincount(first_tokens, minlength=len(probs))
+    common = expected >= 5
+    assert common.sum() >= 2, "the prompt should leave the model uncertain between several tokens"
+    bins_expected = np.append(expected[common], expected[~common].sum())
+    bins_observed = np.append(observed[common], observed[~common].sum())
+    chi2 = ((bins_observed - bins_expected) ** 2 / np.maximum(bins_expected, 1e-9)).sum()
+    critical = {2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88, 10: 29.59}
+    assert chi2 < critical[min(len(bins_expected) - 1, 10)], (chi2, bins_observed, bins_expected)
+
+
+def test_fast_rollouts_are_reproducible_with_the_seed(ops, tiny_world, tokenizer):  # noqa: F811
+    model = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
+    items = eval_items(tiny_world, tokenizer, 8)
+    sampling = SamplingConfig(max_dec_len=6, temperature=1.2, top_p=0.95)
+    paddle.seed(5)
+    first = generate_rollouts(model, tokenizer, items, 4, sampling).input_ids.numpy()
+    paddle.seed(5)
+    np.testing.assert_array_equal(first, generate_rollouts(model, tokenizer, items, 4, sampling).input_ids.numpy())
+
+
+def test_fast_rollouts_respect_min_and_max_length(ops, tiny_world, tokenizer):  # noqa: F811
+    model = AutoModelForCausalLM.from_pretrained(tiny_world["random_model"])
+    items = eval_items(tiny_world, tokenizer, 4)
+    exp = generate_rollouts(model, tokenizer, items, 2, SamplingConfig(max_dec_len=9, min_dec_len=5))
+    lengths = exp.response_mask.sum(axis=1).numpy()
+    assert (lengths >= 5).all() and (lengths <= 9).all() and exp.response_mask.shape[1] <= 9
+    finished = exp.finished.numpy()
+    assert (lengths[~finished] == 9).all()
+
+
+def test_an_other_paddlenlp_ops_falls_back_to_generate_with_one_warning(monkeypatch, tiny_world, tokenizer, caplog):
+    monkeypatch.setitem(sys.modules, "paddlenlp_ops", types.ModuleType("paddlenlp_ops"))
+    infer_utils.rollout_ops.cache_clear()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
+        items = eval_items(tiny_world, tokenizer, 4)
+        greedy = SamplingConfig(max_dec_len=4, greedy=True)
+        with caplog.at_level(logging.WARNING, logger=infer_utils.logger.name):
+            first = generate_rollouts(model, tokenizer, items, 1, greedy)
+            generate_rollouts(model, tokenizer, items, 1, greedy)
+        warnings = [r.getMessage() for r in caplog.records if "lacks" in r.getMessage()]
+        assert len(warnings) == 1 and "rollout_sample" in warnings[0]
+        reference = generate_rollouts(model, tokenizer, items, 1, greedy, use_fast=False)
+        np.testing.assert_array_equal(first.input_ids.numpy(), reference.input_ids.numpy())
+    finally:
+        infer_utils.rollout_ops.cache_clear()

@@ -1,0 +1,228 @@
+"""The paddlenlp_ops rollout ops (csrc/) against NumPy references, edge cases included, and every
+CUDA source compiled with nvcc."""
+
+import glob
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import paddle
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MASK64 = (1 << 64) - 1
+
+
+def required(what, reason):
+    """Skip on a developer machine without `what`; in CI (CI=true) it is a failure."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{what} is required in CI: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def ops():
+    try:
+        import paddlenlp_ops
+    except ImportError:
+        required("paddlenlp_ops", "paddlenlp_ops is not built: python csrc/setup_cpu.py install")
+    return paddlenlp_ops
+
+
+# ---- NumPy references ------------------------------------------------------------------------------
+
+
+def mix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def uniform01(seed, row, step):
+    bits = mix64(mix64(mix64(seed) ^ row) ^ step)
+    return (bits >> 11) * (1.0 / 9007199254740992.0)
+
+
+def reference_penalty(logits, history, step_idx, repetition, frequency, presence, min_len, eos_ids, banned):
+    out = logits.copy()
+    for b in range(out.shape[0]):
+        tokens, counts = np.unique(history[b, : step_idx[b]], return_counts=True)
+        for token, count in zip(tokens, counts):
+            value = out[b, token]
+            value = value / repetition[b] if value > 0 else value * repetition[b]
+            out[b, token] = value - count * frequency[b] - presence[b]
+        if step_idx[b] < min_len[b]:
+            out[b, eos_ids] = -np.inf
+        out[b, banned] = -np.inf
+    return out
+
+
+def reference_keep_mask(logits_row, temperature, top_k, top_p):
+    """The tokens kept by top-k then top-p (ties at the boundary kept), and their probabilities."""
+    scaled = logits_row.astype(np.float32) / np.float32(temperature)
+    probs = np.exp(scaled - scaled.max()).astype(np.float32)
+    ordered = np.sort(probs)[::-1]
+    threshold = ordered[top_k - 1] if 0 < top_k < len(probs) else 0.0
+    if top_p < 1.0:
+        kept = ordered[ordered >= threshold].astype(np.float64)
+        cumulative = np.cumsum(kept)  # sequential sums, as the kernels add
+        crossing = np.searchsorted(cumulative, np.float32(top_p) * cumulative[-1])
+        if crossing < len(kept):
+            threshold = max(threshold, kept[crossing])
+    return (probs >= threshold) & (probs > 0), probs
+
+
+def reference_sample(logits, temperature, top_k, top_p, step_idx, seed):
+    tokens = []
+    for b, row in enumerate(logits):
+        if temperature[b] <= 0 or top_k[b] == 1:
+            tokens.append(int(np.argmax(row)))
+            continue
+        keep, probs = reference_keep_mask(row, temperature[b], top_k[b], top_p[b])
+        mass = np.where(keep, probs, 0.0).astype(np.float64)
+        cumulative = np.cumsum(mass)
+        target = uniform01(seed, b, int(step_idx[b])) * cumulative[-1]
+        above = np.nonzero((cumulative > target) & keep)[0]
+        tokens.append(int(above[0]) if len(above) else int(np.nonzero(keep)[0][-1]))
+    return np.array(tokens)
+
+
+def t(values, dtype):
+    return paddle.to_tensor(np.asarray(values), dtype=dtype)
+
+
+# ---- token penalties -----------------------------------------------------------------------------
+
+
+def test_penalties_match_numpy_with_repeats_min_length_and_bans(ops):
+    rng = np.random.default_rng(0)
+    rows, vocab, max_dec = 5, 11, 6
+    logits = rng.normal(size=(rows, vocab)).astype(np.float32)
+    history = rng.integers(0, 4, size=(rows, max_dec))  # small alphabet: many repeated tokens
+    step_idx = np.array([0, 3, 6, 2, 5])
+    repetition = np.array([1.0, 1.3, 2.0, 1.0, 1.5], np.float32)
+    frequency = np.array([0.0, 0.5, 0.1, 0.2, 0.0], np.float32)
+    presence = np.array([0.0, 0.25, 0.0, 0.3, 1.0], np.float32)
+    min_len = np.array([1, 5, 2, 0, 9])
+    eos_ids, banned = np.array([9, 10]), np.array([7])
+    expected = reference_penalty(logits, history, step_idx, repetition, frequency, presence, min_len, eos_ids, banned)
+    out = t(logits, "float32")
+    ops.rollout_token_penalty(
+        out, t(history, "int64"), t(step_idx, "int64"), t(repetition, "float32"), t(frequency, "float32"),
+        t(presence, "float32"), t(min_len, "int64"), t(eos_ids, "int64"), t(banned, "int64"),
+    )
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
+    assert np.isneginf(out.numpy()[[0, 1, 4]][:, [9, 10]]).all()  # rows still under min_len
+    assert np.isfinite(out.numpy()[[2, 3]][:, [9, 10]]).all()
+
+
+def test_penalty_by_hand(ops):
+    # logit 2.0 seen twice: 2.0 / 2 (repetition) - 2 * 0.5 (frequency) - 0.1 (presence) = -0.1;
+    # logit -1.0 seen once: -1.0 * 2 - 0.5 - 0.1 = -2.6.
+    logits = t([[2.0, -1.0, 3.0]], "float32")
+    ops.rollout_token_penalty(
+        logits, t([[0, 1, 0]], "int64"), t([3], "int64"), t([2.0], "float32"), t([0.5], "float32"),
+        t([0.1], "float32"), t([0], "int64"), t([2], "int64"), t(np.zeros(0), "int64"),
+    )
+    np.testing.assert_allclose(logits.numpy(), [[-0.1, -2.6, 3.0]], rtol=1e-6)
+
+
+# ---- sampling ------------------------------------------------------------------------------------
+
+
+def run_sample(ops, logits, temperature, top_k, top_p, step_idx, seed):
+    rows = len(logits)
+    return ops.rollout_sample(
+        t(logits, "float32"), t(np.broadcast_to(temperature, rows), "float32"), t(np.broadcast_to(top_k, rows), "int64"),
+        t(np.broadcast_to(top_p, rows), "float32"), t(step_idx, "int64"), seed,
+    ).numpy()
+
+
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p",
+    [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 5, 1.0), (1.0, 8, 0.5), (1.0, 0, 1e-6), (1e-4, 0, 1.0), (0.0, 0, 1.0)],
+)
+def test_sampling_matches_numpy(ops, temperature, top_k, top_p):
+    rng = np.random.default_rng(1)
+    logits = rng.normal(scale=3.0, size=(64, 50)).astype(np.float32)
+    step_idx = rng.integers(0, 100, size=64)
+    got = run_sample(ops, logits, temperature, top_k, top_p, step_idx, seed=12345)
+    expected = reference_sample(logits, *(np.full(64, v) for v in (temperature, top_k, top_p)), step_idx, 12345)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_tiny_top_p_and_near_zero_temperature_are_greedy(ops):
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(32, 40)).astype(np.float32)
+    for temperature, top_p in [(1.0, 1e-6), (1e-5, 1.0), (0.0, 0.7)]:
+        got = run_sample(ops, logits, temperature, 0, top_p, np.arange(32), seed=3)
+        np.testing.assert_array_equal(got, logits.argmax(axis=1))
+
+
+def test_sampling_is_seeded_and_reproducible(ops):
+    logits = np.zeros((16, 1000), np.float32)  # uniform: any difference shows
+    steps = np.arange(16)
+    first = run_sample(ops, logits, 1.0, 0, 1.0, steps, seed=7)
+    np.testing.assert_array_equal(first, run_sample(ops, logits, 1.0, 0, 1.0, steps, seed=7))
+    assert (first != run_sample(ops, logits, 1.0, 0, 1.0, steps, seed=8)).any()
+    assert (first != run_sample(ops, logits, 1.0, 0, 1.0, steps + 1, seed=7)).any()
+
+
+def test_sampling_frequencies_follow_the_kept_distribution(ops):
+    # 40000 draws of one row (a different step each): chi-square against softmax restricted by top-k/top-p.
+    logits = np.log(np.array([0.05, 0.3, 0.02, 0.25, 0.2, 0.1, 0.08], np.float32))
+    draws = 40000
+    got = run_sample(ops, np.tile(logits, (draws, 1)), 1.0, 5, 0.8, np.arange(draws), seed=99)
+    keep, probs = reference_keep_mask(logits, 1.0, 5, 0.8)
+    # top-k=5 keeps 0.93 of the mass; top-p keeps 0.3 + 0.25 + 0.2 = 0.75 >= 0.8 * 0.93 of it.
+    assert keep.tolist() == [False, True, False, True, True, False, False]
+    expected = np.where(keep, probs, 0) / np.where(keep, probs, 0).sum() * draws
+    observed = np.bincount(got, minlength=len(logits))
+    assert observed[~keep].sum() == 0
+    chi2 = (((observed - expected) ** 2) / np.where(keep, expected, 1))[keep].sum()
+    assert chi2 < 13.82  # 2 degrees of freedom, p = 0.001
+
+
+# ---- history, stop flags, bookkeeping -----------------------------------------------------------
+
+
+def test_save_step_writes_active_rows_only(ops):
+    history = t(np.full((3, 4), -1), "int64")
+    step_idx = t([0, 2, 4], "int64")
+    ops.rollout_save_step(history, step_idx, t([5, 6, 7], "int64"), t([False, True, False], "bool"))
+    np.testing.assert_array_equal(history.numpy(), [[5, -1, -1, -1], [-1, -1, -1, -1], [-1, -1, -1, -1]])
+    np.testing.assert_array_equal(step_idx.numpy(), [1, 2, 4])  # stopped row and full row unchanged
+
+
+def test_update_stop_with_several_end_ids_pads_finished_rows(ops):
+    tokens = t([3, 9, 4, 5, 6], "int64")
+    stop_flags = t([False, False, True, False, False], "bool")
+    step_idx = t([1, 1, 1, 8, 2], "int64")
+    _, _, not_need_stop = ops.rollout_update_stop(tokens, stop_flags, step_idx, t([9, 5], "int64"), 8, 0)
+    # Row 1 emits EOS 9, row 3 EOS 5 (and reaches max_dec_len), row 2 was finished: it emits pad 0.
+    np.testing.assert_array_equal(tokens.numpy(), [3, 9, 0, 5, 6])
+    np.testing.assert_array_equal(stop_flags.numpy(), [False, True, True, True, False])
+    assert bool(not_need_stop)
+
+
+def test_update_stop_reports_when_all_rows_are_finished(ops):
+    tokens, flags = t([1, 2], "int64"), t([True, False], "bool")
+    _, _, not_need_stop = ops.rollout_update_stop(tokens, flags, t([3, 4], "int64"), t([7], "int64"), 4, 0)
+    assert not bool(not_need_stop) and flags.numpy().all()  # row 1 hit max_dec_len
+    _, _, not_need_stop = ops.rollout_update_stop(tokens, flags, t([3, 4], "int64"), t([7], "int64"), 4, 0)
+    assert not bool(not_need_stop)
+    np.testing.assert_array_equal(tokens.numpy(), [0, 0])
+
+
+# ---- CUDA sources --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", sorted(glob.glob(os.path.join(REPO_ROOT, "csrc", "**", "*.cu"), recursive=True)))
+def test_cuda_sources_compile_with_nvcc(source, tmp_path):
+    if shutil.which("nvcc") is None:
+        required("nvcc", "nvcc is not installed")
+    command = ["nvcc", "-c", "-std=c++17", "-O2", "-arch=sm_90", source, "-o", str(tmp_path / "out.o")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr

@@ -32,6 +32,7 @@ def main():
     parser.add_argument("--model", default=DEMO_SFT if os.path.isdir(DEMO_SFT) else None)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. -- --use_fusemt false")
     args = parser.parse_args()
 
     work = tempfile.mkdtemp(prefix="bench_grpo_")
@@ -51,6 +52,7 @@ def main():
         "--use_rm_server", "false",
         "--use_rule_reward", "true",
         "--max_steps", str(args.warmup + args.steps),
+        *args.overrides,
     ])
     trainer.prepare_training()
     batches = trainer.prompt_batches(0)

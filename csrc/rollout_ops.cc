@@ -192,7 +192,6 @@ std::vector<paddle::Tensor> UpdateStop(const paddle::Tensor& tokens, const paddl
   CheckRowVector(step_idx, rows, "step_idx");
   auto* toks = const_cast<int64_t*>(tokens.data<int64_t>());
   auto* flags = const_cast<bool*>(stop_flags.data<bool>());
-  auto not_need_stop = paddle::empty({1}, paddle::DataType::BOOL, paddle::CPUPlace());
 #ifdef ROLLOUT_OPS_WITH_CUDA
   if (tokens.is_gpu()) {
     auto any_running = paddle::empty({1}, paddle::DataType::BOOL, tokens.place());
@@ -202,6 +201,7 @@ std::vector<paddle::Tensor> UpdateStop(const paddle::Tensor& tokens, const paddl
     return {any_running.copy_to(paddle::CPUPlace(), true)};
   }
 #endif
+  auto not_need_stop = paddle::empty({1}, paddle::DataType::BOOL, paddle::CPUPlace());
   bool running = false;
   for (int64_t b = 0; b < rows; ++b) {
     if (flags[b]) {

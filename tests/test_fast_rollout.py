@@ -8,7 +8,7 @@ import types
 import numpy as np
 import paddle
 import pytest
-from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
+from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from llm.alignment.ppo import infer_utils
 from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
@@ -33,6 +33,7 @@ def eval_items(tiny_world, tokenizer, count):
 def test_greedy_fast_path_matches_generate_token_for_token(ops, tiny_world, tokenizer, which, min_dec_len):  # noqa: F811
     # The SFT model answers in a few tokens; the random model is forced to write 24 or more.
     model = AutoModelForCausalLM.from_pretrained(tiny_world[which])
+    assert infer_utils.fast_path_ops(model, use_fast=True) is not None  # the comparison is not generate vs itself
     items = eval_items(tiny_world, tokenizer, 12) + prompt_items(tokenizer, ["12+3+45=", "9+", "1+2+3+4+5+6="])
     greedy = SamplingConfig(max_dec_len=32, min_dec_len=min_dec_len, greedy=True)
     fast = generate_rollouts(model, tokenizer, items, 1, greedy, use_fast=True)
@@ -41,6 +42,24 @@ def test_greedy_fast_path_matches_generate_token_for_token(ops, tiny_world, toke
     np.testing.assert_array_equal(fast.input_ids.numpy(), slow.input_ids.numpy())
     np.testing.assert_array_equal(fast.response_mask.numpy(), slow.response_mask.numpy())
     assert fast.responses == slow.responses
+
+
+def test_greedy_fast_path_matches_generate_on_a_tiny_llama(ops, tiny_world, tokenizer, tmp_path):  # noqa: F811
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.pad_token_id,
+    )
+    paddle.seed(0)
+    LlamaForCausalLM(config).save_pretrained(str(tmp_path))
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path))
+    assert type(model).__name__ == "LlamaForCausalLM" and infer_utils.fast_path_ops(model, use_fast=True) is not None
+    items = eval_items(tiny_world, tokenizer, 6) + prompt_items(tokenizer, ["12+3+45=", "9+"])
+    greedy = SamplingConfig(max_dec_len=20, min_dec_len=20, greedy=True)
+    fast = generate_rollouts(model, tokenizer, items, 1, greedy, use_fast=True)
+    slow = generate_rollouts(model, tokenizer, items, 1, greedy, use_fast=False)
+    assert fast.response_mask.shape[1] == 20
+    np.testing.assert_array_equal(fast.input_ids.numpy(), slow.input_ids.numpy())
 
 
 def test_fast_sampling_frequencies_match_the_model(ops, tiny_world, tokenizer):  # noqa: F811

@@ -1,4 +1,4 @@
-"""Decoding forward of a paddlenlp Qwen2 causal LM over a preallocated KV cache.
+"""Decoding forward of a paddlenlp Qwen2 or Llama causal LM over a preallocated KV cache.
 
 It reuses the model's own weights and norms and replaces the attention bookkeeping: keys and values
 are written in place into per-layer buffers of shape [B, kv_heads, max_len, head_dim] allocated once
@@ -10,7 +10,7 @@ Positions follow `generate()`: position i of the left-padded batch is i for ever
 import paddle
 import paddle.nn.functional as F
 
-SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM",)
+SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
 
 
 def unsupported_reason(model):
@@ -23,6 +23,8 @@ def unsupported_reason(model):
         return "tensor-parallel models decode through generate()"
     if getattr(config, "fuse_attention_qkv", False):
         return "fused qkv projections are not supported"
+    if getattr(config, "use_long_sequence_strategies", False):
+        return "long-sequence rope strategies are not supported"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act={config.hidden_act!r} (only SwiGLU MLPs are supported)"
     return None

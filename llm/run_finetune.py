@@ -20,6 +20,7 @@ from paddlenlp.trainer import Trainer, TrainingArguments, set_seed
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
 from llm.alignment.ppo.arguments import parse_arguments
+from llm.alignment.ppo.comm_utils import finish_distributed_run
 from llm.alignment.ppo.data import SupervisedDataset
 
 
@@ -62,6 +63,7 @@ def main(argv):
     trainer.save_model(training_args.output_dir)
     if trainer.eval_dataset is not None:
         trainer.log(trainer.evaluate())
+    finish_distributed_run()
 
 
 if __name__ == "__main__":

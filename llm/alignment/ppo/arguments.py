@@ -18,8 +18,12 @@ from llm.alignment.ppo.algos import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     LR_SCHEDULES,
+    POLICY_LOSSES,
 )
 from llm.alignment.ppo.rewards import REWARD_TASKS
+
+# Estimators whose baseline comes from the other samples of the same prompt.
+GROUP_BASELINE_ALGORITHMS = ("grpo", "rloo")
 
 # Other names users' PaddleNLP configs use for the same setting.
 KEY_ALIASES = {"num_return_sequences": "rollout_n"}
@@ -62,6 +66,8 @@ class RLTrainingArguments(TrainingArguments):
     update_iters: int = field(default=1, metadata={"help": "Passes over each rollout batch."})
     kl_loss_coeff: float = field(default=0.001, metadata={"help": "Weight of the KL-to-reference loss (0 disables the reference model)."})
     kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2 or k3."})
+    policy_loss: str = field(default="ppo_clip", metadata={"help": "Policy loss: " + ", ".join(POLICY_LOSSES.names())})
+    entropy_coeff: float = field(default=0.0, metadata={"help": "Weight of the entropy bonus (0: off)."})
     clip_range_ratio: float = field(default=0.2, metadata={"help": "PPO ratio clip, both sides unless _low/_high are given."})
     clip_range_ratio_low: Optional[float] = field(default=None, metadata={"help": "Lower clip: ratio >= 1 - this."})
     clip_range_ratio_high: Optional[float] = field(default=None, metadata={"help": "Upper clip: ratio <= 1 + this (DAPO clip-higher)."})
@@ -101,6 +107,7 @@ class RLTrainingArguments(TrainingArguments):
         choices = {
             "rl_algorithm": ADVANTAGE_ESTIMATORS,
             "kl_estimator": KL_ESTIMATORS,
+            "policy_loss": POLICY_LOSSES,
             "loss_agg_mode": LOSS_AGGREGATIONS,
             "lr_scheduler_type": LR_SCHEDULES,
         }
@@ -112,8 +119,10 @@ class RLTrainingArguments(TrainingArguments):
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
-        if self.rl_algorithm == "grpo" and self.rollout_n < 2:
-            raise ValueError(f"rollout_n={self.rollout_n}: GRPO compares samples of one prompt, so it needs rollout_n >= 2")
+        if self.rl_algorithm in GROUP_BASELINE_ALGORITHMS and self.rollout_n < 2:
+            raise ValueError(
+                f"rollout_n={self.rollout_n}: {self.rl_algorithm} compares samples of one prompt, so it needs rollout_n >= 2"
+            )
         if not 0 <= self.min_dec_len <= self.max_dec_len:
             raise ValueError(f"min_dec_len={self.min_dec_len} must lie in [0, max_dec_len={self.max_dec_len}]")
         if self.temperature <= 0:
@@ -122,7 +131,10 @@ class RLTrainingArguments(TrainingArguments):
             raise ValueError(f"top_k must be >= 0 (0: no limit), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
-        for key in ["clip_range_ratio_low", "clip_range_ratio_high", "clip_range_score", "kl_loss_coeff", "reward_server_max_retries"]:
+        for key in [
+            "clip_range_ratio_low", "clip_range_ratio_high", "clip_range_score", "kl_loss_coeff", "entropy_coeff",
+            "reward_server_max_retries",
+        ]:
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
         if self.clip_range_ratio_low >= 1:

@@ -20,6 +20,7 @@ from paddlenlp.trainer.trainer_callback import TrainerState
 from paddlenlp.utils.log import logger
 
 from llm.alignment.ppo.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+from llm.alignment.ppo.algos.registry import call_with_options
 from llm.alignment.ppo.algos.schedules import build_lr_scheduler
 from llm.alignment.ppo.algos.token_stats import entropy_from_logits, gather_logprobs
 from llm.alignment.ppo.checkpoint_utils import (
@@ -62,7 +63,7 @@ class PPOTrainer(Trainer):
         self.reward_scorer = reward_scorer
         self.sampling = SamplingConfig.from_args(args)
         self.advantage_fn = ADVANTAGE_ESTIMATORS.get(args.rl_algorithm)
-        self.policy_loss_fn = POLICY_LOSSES.get("ppo_clip")
+        self.policy_loss_fn = POLICY_LOSSES.get(args.policy_loss)
         self.kl_fn = KL_ESTIMATORS.get(args.kl_estimator)
         self.aggregate = LOSS_AGGREGATIONS.get(args.loss_agg_mode)
         # With a single optimizer step per rollout the policy has not moved when the loss is computed,
@@ -154,8 +155,8 @@ class PPOTrainer(Trainer):
             exp.old_logprobs = self.compute_logprobs(self.model, exp)
         if self.reference_model is not None:
             exp.ref_logprobs = self.compute_logprobs(self.reference_model, exp)
-        exp.advantages = self.advantage_fn(
-            exp.rewards, exp.response_mask, exp.group_index, norm_adv_by_std=args.norm_adv_by_std_in_grpo
+        exp.advantages = call_with_options(
+            self.advantage_fn, exp.rewards, exp.response_mask, exp.group_index, norm_adv_by_std=args.norm_adv_by_std_in_grpo
         )
         train_stats = self.update_policy(exp)
         metrics = self.rollout_metrics(exp, scores, rollout_seconds) | train_stats
@@ -198,7 +199,7 @@ class PPOTrainer(Trainer):
         return metrics
 
     def policy_loss(self, micro):
-        """Clipped surrogate plus the KL-to-reference term, aggregated over response tokens."""
+        """Policy loss plus the KL-to-reference term minus the entropy bonus, aggregated over response tokens."""
         args = self.args
         with self.autocast_smart_context_manager():
             logits = response_logits(self.model_wrapped, micro)
@@ -213,8 +214,13 @@ class PPOTrainer(Trainer):
             kl = self.aggregate(self.kl_fn(logprobs, micro.ref_logprobs), micro.response_mask)
             loss = loss + args.kl_loss_coeff * kl
             stats["kl"] = kl
-        with paddle.no_grad():
-            stats["entropy"] = masked_mean(entropy_from_logits(logits.detach()), micro.response_mask)
+        if args.entropy_coeff > 0:
+            entropy = self.aggregate(entropy_from_logits(logits), micro.response_mask)
+            loss = loss - args.entropy_coeff * entropy
+        else:
+            with paddle.no_grad():
+                entropy = masked_mean(entropy_from_logits(logits), micro.response_mask)
+        stats["entropy"] = entropy
         stats["policy_loss"] = policy_loss
         return loss, stats
 

@@ -16,6 +16,7 @@ from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 from paddlenlp.utils.log import logger
 
 from llm.alignment.ppo.arguments import parse_arguments
+from llm.alignment.ppo.comm_utils import finish_distributed_run
 from llm.alignment.ppo.data import PromptDataset
 from llm.alignment.ppo.ppo_trainer import PPOTrainer
 from llm.alignment.ppo.rewards.scoring import build_reward_scorer
@@ -72,6 +73,7 @@ def build_trainer(argv):
 def main(argv):
     trainer = build_trainer(argv)
     trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
+    finish_distributed_run()
 
 
 if __name__ == "__main__":

@@ -34,18 +34,36 @@ def ppo_clip_policy_loss(logprobs, old_logprobs, advantages, mask, clip_low, cli
     `clipfrac_low` (negative advantage, ratio below the low bound), `clipfrac_high` (positive
     advantage, ratio above the high bound) and `approx_kl` (k3 estimate of KL(old || new)).
     """
-    log_ratio = logprobs - old_logprobs
+    return clipped_surrogate(logprobs - old_logprobs, advantages, mask, clip_low, clip_high)
+
+
+def clipped_surrogate(log_ratio, advantages, mask, clip_low, clip_high):
+    """max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)) per token with r = exp(log_ratio), and its statistics."""
     ratio = paddle.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * paddle.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
     loss = paddle.maximum(unclipped, clipped)
     with paddle.no_grad():
-        dtype = logprobs.dtype
+        dtype = log_ratio.dtype
         low = ((ratio < 1.0 - clip_low) & (advantages < 0)).astype(dtype)
         high = ((ratio > 1.0 + clip_high) & (advantages > 0)).astype(dtype)
         stats = {
             "clipfrac_low": token_mean(low, mask),
             "clipfrac_high": token_mean(high, mask),
-            "approx_kl": token_mean(paddle.exp(log_ratio) - 1.0 - log_ratio, mask),
+            "approx_kl": token_mean(ratio - 1.0 - log_ratio, mask),
         }
     return loss, stats
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
+    """GSPO: one importance ratio per sequence, exp(mean over its tokens of log pi - log pi_old), clipped
+    to [1 - clip_low, 1 + clip_high]. Written per token as sg[s] * pi / sg[pi], so every token of a
+    response gets the sequence's ratio in value and its own log-prob in the gradient.
+
+    Returns the per-token loss [B, R] and the statistics of `ppo_clip_policy_loss`, counted per token.
+    """
+    mask_f = mask.astype(logprobs.dtype)
+    sequence_log_ratio = ((logprobs - old_logprobs) * mask_f).sum(axis=-1) / mask_f.sum(axis=-1).clip(min=1.0)
+    log_ratio = sequence_log_ratio.detach().unsqueeze(-1) + logprobs - logprobs.detach()
+    return clipped_surrogate(log_ratio, advantages, mask, clip_low, clip_high)

@@ -1,5 +1,7 @@
 """Name -> function registries, so a config key selects an algorithm and adding one touches one file."""
 
+import inspect
+
 
 class Registry:
     def __init__(self, kind):
@@ -22,6 +24,13 @@ class Registry:
 
     def names(self):
         return sorted(self._functions)
+
+
+def call_with_options(fn, *args, **options):
+    """Call `fn(*args)` plus those `options` its signature names, so algorithms of one registry can take
+    different settings (GRPO's std normalisation, say) from one pool of config values."""
+    accepted = inspect.signature(fn).parameters
+    return fn(*args, **{key: value for key, value in options.items() if key in accepted})
 
 
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator (rl_algorithm)")

@@ -134,3 +134,51 @@ def test_lr_scheduler_follows_the_schedule():
 def test_unknown_names_are_rejected_with_choices():
     with pytest.raises(ValueError, match="choose from"):
         ADVANTAGE_ESTIMATORS.get("ppo_magic")
+
+
+def test_rloo_advantages_by_hand():
+    # Group [1, 0, 0]: baselines are the means of the others, 0, 0.5, 0.5; group [2, 4]: 4 and 2.
+    rewards = t([1.0, 0.0, 0.0, 2.0, 4.0])
+    groups = t([3, 3, 3, 1, 1], "int64")
+    adv = ADVANTAGE_ESTIMATORS.get("rloo")(rewards, paddle.ones([5, 2]), groups).numpy()
+    np.testing.assert_allclose(adv[:, 0], [1.0, -0.5, -0.5, -2.0, 2.0], rtol=1e-6)
+    np.testing.assert_allclose(adv[:, 1], adv[:, 0])
+
+
+def test_rloo_matches_a_numpy_leave_one_out_loop():
+    rng = np.random.default_rng(4)
+    rewards = rng.normal(size=12).astype("float32")
+    groups = np.repeat([5, 2, 9], 4)
+    adv = ADVANTAGE_ESTIMATORS.get("rloo")(t(rewards), paddle.ones([12, 1]), t(groups, "int64")).numpy()[:, 0]
+    expected = [rewards[i] - np.mean([rewards[j] for j in range(12) if groups[j] == groups[i] and j != i]) for i in range(12)]
+    np.testing.assert_allclose(adv, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_gspo_uses_one_clipped_ratio_per_sequence():
+    # Sequence 0: token log-ratios 0.2 and 0.0 over 2 valid tokens -> ratio e^0.1 (inside the clip);
+    # sequence 1: log-ratios 0.5, 0.5, 0.5 -> e^0.5 = 1.65, clipped at 1.3 for a positive advantage.
+    old = t([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    new = t([[0.2, 0.0, 9.0], [0.5, 0.5, 0.5]])
+    new.stop_gradient = False
+    mask = t([[1, 1, 0], [1, 1, 1]])
+    adv = t([[-1.0, -1.0, -1.0], [2.0, 2.0, 2.0]])
+    loss, stats = POLICY_LOSSES.get("gspo")(new, old, adv, mask, clip_low=0.2, clip_high=0.3)
+    s0 = math.exp(0.1)
+    np.testing.assert_allclose(loss.numpy()[0, :2], [s0, s0], rtol=1e-5)
+    np.testing.assert_allclose(loss.numpy()[1], [-2.6, -2.6, -2.6], rtol=1e-5)
+    assert float(stats["clipfrac_high"]) == pytest.approx(3 / 5)
+    (loss * mask).sum().backward()
+    # Unclipped sequence: d(-A * s)/d log pi_t = -A * s for each token (the ratio is per sequence, the
+    # gradient per token); clipped sequence: no gradient.
+    np.testing.assert_allclose(new.grad.numpy()[0, :2], [s0, s0], rtol=1e-5)
+    np.testing.assert_allclose(new.grad.numpy()[1], [0.0, 0.0, 0.0], atol=1e-7)
+
+
+def test_call_with_options_passes_only_named_settings():
+    from llm.alignment.ppo.algos.registry import call_with_options
+
+    rewards, mask, groups = t([1.0, 3.0]), paddle.ones([2, 1]), t([0, 0], "int64")
+    grpo = call_with_options(ADVANTAGE_ESTIMATORS.get("grpo"), rewards, mask, groups, norm_adv_by_std=False)
+    rloo = call_with_options(ADVANTAGE_ESTIMATORS.get("rloo"), rewards, mask, groups, norm_adv_by_std=False)
+    np.testing.assert_allclose(grpo.numpy()[:, 0], [-1.0, 1.0])
+    np.testing.assert_allclose(rloo.numpy()[:, 0], [-2.0, 2.0])

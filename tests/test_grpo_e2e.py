@@ -77,6 +77,17 @@ def test_three_grpo_steps_through_the_reward_server(tiny_world, tmp_path):
     assert any(name.startswith("vdlrecords") for name in vdl_files)
 
 
+def test_rloo_with_gspo_loss_and_entropy_bonus_trains(tiny_world, tmp_path):
+    run_grpo(
+        tiny_world, tmp_path, rl_algorithm="rloo", policy_loss="gspo", clip_range_ratio_low=0.0003,
+        clip_range_ratio_high=0.0004, loss_agg_mode="seq-mean-token-mean", entropy_coeff=0.01, update_iters=2,
+        eval_steps=0,
+    )
+    trained, initial = weights(tmp_path / "policy"), weights(tiny_world["model"])
+    assert any(not np.array_equal(trained[k], initial[k]) for k in trained)
+    assert all(np.isfinite(v).all() for v in trained.values())
+
+
 def test_run_stops_when_the_reward_server_is_down(tiny_world, tmp_path):
     dead_url = "http://127.0.0.1:9"  # the discard port: nothing listens on it here
     with pytest.raises(RewardServerError, match="unreachable"):

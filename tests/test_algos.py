@@ -182,3 +182,30 @@ def test_call_with_options_passes_only_named_settings():
     rloo = call_with_options(ADVANTAGE_ESTIMATORS.get("rloo"), rewards, mask, groups, norm_adv_by_std=False)
     np.testing.assert_allclose(grpo.numpy()[:, 0], [-1.0, 1.0])
     np.testing.assert_allclose(rloo.numpy()[:, 0], [-2.0, 2.0])
+
+
+def test_discounted_returns_match_a_numpy_loop():
+    from llm.alignment.ppo.algos.advantages import discounted_returns
+
+    rng = np.random.default_rng(5)
+    rewards = rng.normal(size=(3, 5)).astype("float32")
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], "float32")
+    got = discounted_returns(t(rewards * mask), t(mask), gamma=0.9).numpy()
+    expected = np.zeros_like(rewards)
+    for b in range(3):
+        for s in range(5):
+            expected[b, s] = sum(0.9 ** (k - s) * rewards[b, k] * mask[b, k] for k in range(s, 5)) * mask[b, s]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_reinforce_plus_plus_by_hand():
+    # Two responses of lengths 2 and 1, scores 1 and 0, gamma 1, KL penalty 0.5 * k1 per token.
+    # Token rewards: [-0.5*0.2, 1 - 0.5*0.4] = [-0.1, 0.8] and [0 - 0.5*(-0.2)] = [0.1];
+    # returns: [0.7, 0.8] and [0.1]; whitened over the three valid tokens.
+    rewards = t([1.0, 0.0])
+    mask = t([[1, 1], [1, 0]])
+    token_kl = t([[0.2, 0.4], [-0.2, 9.0]])
+    adv = ADVANTAGE_ESTIMATORS.get("reinforce_plus_plus")(rewards, mask, token_kl=token_kl, kl_coeff=0.5).numpy()
+    returns = np.array([0.7, 0.8, 0.1])
+    white = (returns - returns.mean()) / np.sqrt(returns.var() + 1e-8)
+    np.testing.assert_allclose(adv, [[white[0], white[1]], [white[2], 0.0]], rtol=1e-5, atol=1e-6)

@@ -88,6 +88,16 @@ def test_rloo_with_gspo_loss_and_entropy_bonus_trains(tiny_world, tmp_path):
     assert all(np.isfinite(v).all() for v in trained.values())
 
 
+def test_reinforce_plus_plus_with_kl_in_the_reward_trains(tiny_world, tmp_path):
+    run_grpo(
+        tiny_world, tmp_path, rl_algorithm="reinforce_plus_plus", kl_coeff=0.05, kl_loss_coeff=0.0, gamma=0.99,
+        eval_steps=0,
+    )
+    trained, initial = weights(tmp_path / "policy"), weights(tiny_world["model"])
+    assert any(not np.array_equal(trained[k], initial[k]) for k in trained)
+    assert all(np.isfinite(v).all() for v in trained.values())
+
+
 def test_run_stops_when_the_reward_server_is_down(tiny_world, tmp_path):
     dead_url = "http://127.0.0.1:9"  # the discard port: nothing listens on it here
     with pytest.raises(RewardServerError, match="unreachable"):

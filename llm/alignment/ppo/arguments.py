@@ -66,6 +66,10 @@ class RLTrainingArguments(TrainingArguments):
     update_iters: int = field(default=1, metadata={"help": "Passes over each rollout batch."})
     kl_loss_coeff: float = field(default=0.001, metadata={"help": "Weight of the KL-to-reference loss (0 disables the reference model)."})
     kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2 or k3."})
+    kl_coeff: float = field(
+        default=0.0, metadata={"help": "Weight of the k1 KL penalty in the token rewards (reinforce_plus_plus)."}
+    )
+    gamma: float = field(default=1.0, metadata={"help": "Discount of the token returns (reinforce_plus_plus)."})
     policy_loss: str = field(default="ppo_clip", metadata={"help": "Policy loss: " + ", ".join(POLICY_LOSSES.names())})
     entropy_coeff: float = field(default=0.0, metadata={"help": "Weight of the entropy bonus (0: off)."})
     clip_range_ratio: float = field(default=0.2, metadata={"help": "PPO ratio clip, both sides unless _low/_high are given."})
@@ -92,6 +96,15 @@ class RLTrainingArguments(TrainingArguments):
         if self.clip_range_ratio_high is None:
             self.clip_range_ratio_high = self.clip_range_ratio
         self.validate_rl()
+
+    @property
+    def kl_in_reward(self):
+        """The token rewards carry a KL penalty, which needs the rollout policy's and the reference's log-probs."""
+        return self.rl_algorithm == "reinforce_plus_plus" and self.kl_coeff > 0
+
+    @property
+    def uses_reference_model(self):
+        return self.kl_loss_coeff > 0 or self.kl_in_reward
 
     @property
     def rollout_batch_size(self):
@@ -133,12 +146,14 @@ class RLTrainingArguments(TrainingArguments):
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
         for key in [
             "clip_range_ratio_low", "clip_range_ratio_high", "clip_range_score", "kl_loss_coeff", "entropy_coeff",
-            "reward_server_max_retries",
+            "kl_coeff", "reward_server_max_retries",
         ]:
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
         if self.clip_range_ratio_low >= 1:
             raise ValueError(f"clip_range_ratio_low={self.clip_range_ratio_low} must be < 1 (ratios are positive)")
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"gamma must lie in (0, 1], got {self.gamma}")
         if not 0 <= self.min_learning_rate <= self.learning_rate:
             raise ValueError(f"min_learning_rate={self.min_learning_rate} must lie in [0, learning_rate={self.learning_rate}]")
         if self.use_rm_server == self.use_rule_reward:

@@ -13,6 +13,13 @@ def masked_mean(values, mask, axis=None):
     return (values * mask).sum(axis=axis) / mask.sum(axis=axis).clip(min=1.0)
 
 
+def masked_whiten(values, mask, epsilon=1e-8):
+    """(values - mean) / std over the positions where `mask` is 1 (population std); 0 elsewhere."""
+    mean = masked_mean(values, mask)
+    variance = masked_mean((values - mean) ** 2, mask)
+    return (values - mean) / paddle.sqrt(variance + epsilon) * mask.astype(values.dtype)
+
+
 def is_distributed():
     return dist.is_initialized() and dist.get_world_size() > 1
 

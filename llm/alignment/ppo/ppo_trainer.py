@@ -67,8 +67,9 @@ class PPOTrainer(Trainer):
         self.kl_fn = KL_ESTIMATORS.get(args.kl_estimator)
         self.aggregate = LOSS_AGGREGATIONS.get(args.loss_agg_mode)
         # With a single optimizer step per rollout the policy has not moved when the loss is computed,
-        # so the old log-probs equal the current ones (detached): one forward pass saved.
-        self.on_policy = args.optimizer_steps_per_rl_step == 1
+        # so the old log-probs equal the current ones (detached): one forward pass saved, unless the
+        # token rewards need them before the update (a KL penalty in the reward).
+        self.needs_old_logprobs = args.optimizer_steps_per_rl_step > 1 or args.kl_in_reward
 
     # ---- set-up -------------------------------------------------------------------------------------
 
@@ -151,12 +152,14 @@ class PPOTrainer(Trainer):
         rollout_seconds = time.time() - started
         scores = self.reward_scorer.score(exp.prompts, exp.labels, exp.responses)
         exp.rewards = paddle.to_tensor(scores, dtype="float32").clip(-args.clip_range_score, args.clip_range_score)
-        if not self.on_policy:
+        if self.needs_old_logprobs:
             exp.old_logprobs = self.compute_logprobs(self.model, exp)
         if self.reference_model is not None:
             exp.ref_logprobs = self.compute_logprobs(self.reference_model, exp)
+        token_kl = exp.old_logprobs - exp.ref_logprobs if args.kl_in_reward else None
         exp.advantages = call_with_options(
-            self.advantage_fn, exp.rewards, exp.response_mask, exp.group_index, norm_adv_by_std=args.norm_adv_by_std_in_grpo
+            self.advantage_fn, exp.rewards, exp.response_mask, group_index=exp.group_index,
+            norm_adv_by_std=args.norm_adv_by_std_in_grpo, token_kl=token_kl, kl_coeff=args.kl_coeff, gamma=args.gamma,
         )
         train_stats = self.update_policy(exp)
         metrics = self.rollout_metrics(exp, scores, rollout_seconds) | train_stats
@@ -212,8 +215,9 @@ class PPOTrainer(Trainer):
         loss = policy_loss
         if micro.ref_logprobs is not None:
             kl = self.aggregate(self.kl_fn(logprobs, micro.ref_logprobs), micro.response_mask)
-            loss = loss + args.kl_loss_coeff * kl
-            stats["kl"] = kl
+            if args.kl_loss_coeff > 0:
+                loss = loss + args.kl_loss_coeff * kl
+            stats["kl"] = kl.detach()
         if args.entropy_coeff > 0:
             entropy = self.aggregate(entropy_from_logits(logits), micro.response_mask)
             loss = loss - args.entropy_coeff * entropy

@@ -23,7 +23,7 @@ from llm.alignment.ppo.rewards.scoring import build_reward_scorer
 
 
 def load_models(model_args, training_args):
-    """The actor (from the checkpoint when resuming) and, when the KL term is on, a frozen reference."""
+    """The actor (from the checkpoint when resuming) and, when a KL term needs it, a frozen reference."""
     actor_path = model_args.actor_model_name_or_path
     if training_args.resume_from_checkpoint:
         actor_path = os.path.join(training_args.resume_from_checkpoint, "policy")
@@ -31,7 +31,7 @@ def load_models(model_args, training_args):
             raise FileNotFoundError(f"resume_from_checkpoint={training_args.resume_from_checkpoint} has no policy/ folder")
     actor = AutoModelForCausalLM.from_pretrained(actor_path)
     reference = None
-    if training_args.kl_loss_coeff > 0:
+    if training_args.uses_reference_model:
         reference = AutoModelForCausalLM.from_pretrained(
             model_args.reference_model_name_or_path or model_args.actor_model_name_or_path
         )

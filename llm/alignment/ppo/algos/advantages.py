@@ -3,6 +3,7 @@
 import paddle
 
 from llm.alignment.ppo.algos.registry import ADVANTAGE_ESTIMATORS
+from llm.alignment.ppo.comm_utils import masked_whiten
 
 
 def group_one_hot(group_index, dtype):
@@ -44,3 +45,33 @@ def rloo_advantages(rewards, response_mask, group_index):
     mean, _ = group_mean_std(rewards, group_index)
     scores = counts / (counts - 1.0).clip(min=1.0) * (rewards - mean)
     return scores.unsqueeze(-1) * response_mask.astype(rewards.dtype)
+
+
+def last_token_rewards(rewards, response_mask):
+    """Scalar rewards [B] placed on the last valid response token: [B, R]."""
+    mask = response_mask.astype(rewards.dtype)
+    lengths = mask.sum(axis=-1).astype("int64")
+    last = paddle.nn.functional.one_hot((lengths - 1).clip(min=0), num_classes=mask.shape[1]).astype(rewards.dtype)
+    return last * rewards.unsqueeze(-1) * mask
+
+
+def discounted_returns(token_rewards, response_mask, gamma):
+    """G_t = sum over k >= t of gamma^(k - t) r_k, within each response: [B, R]."""
+    mask = response_mask.astype(token_rewards.dtype)
+    running = paddle.zeros_like(token_rewards[:, 0])
+    returns = []
+    for t in reversed(range(token_rewards.shape[1])):
+        running = token_rewards[:, t] + gamma * running * mask[:, t]
+        returns.append(running)
+    return paddle.stack(returns[::-1], axis=1) * mask
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
+def reinforce_plus_plus_advantages(rewards, response_mask, token_kl=None, kl_coeff=0.0, gamma=1.0):
+    """REINFORCE++: token rewards -kl_coeff * KL_t (k1, policy vs reference) plus the score on the last
+    token, discounted returns, whitened over every valid token of the batch. No per-prompt baseline."""
+    token_rewards = last_token_rewards(rewards, response_mask)
+    if token_kl is not None and kl_coeff:
+        token_rewards = token_rewards - kl_coeff * token_kl * response_mask.astype(rewards.dtype)
+    returns = discounted_returns(token_rewards, response_mask, gamma)
+    return masked_whiten(returns, response_mask)

@@ -209,3 +209,12 @@ def test_reinforce_plus_plus_by_hand():
     returns = np.array([0.7, 0.8, 0.1])
     white = (returns - returns.mean()) / np.sqrt(returns.var() + 1e-8)
     np.testing.assert_allclose(adv, [[white[0], white[1]], [white[2], 0.0]], rtol=1e-5, atol=1e-6)
+
+
+def test_overlong_penalty_by_hand():
+    from llm.alignment.ppo.algos.reward_shaping import overlong_penalty
+
+    # max_dec_len 10, buffer 4: free up to 6 tokens, then -0.25 per token down to -1 at 10.
+    lengths = t([3.0, 6.0, 7.0, 9.0, 10.0])
+    np.testing.assert_allclose(overlong_penalty(lengths, 10, 4, 1.0).numpy(), [0, 0, -0.25, -0.75, -1.0], atol=1e-7)
+    np.testing.assert_allclose(overlong_penalty(lengths, 10, 4, 0.5).numpy()[-1], -0.5)

@@ -65,6 +65,7 @@ def test_command_line_overrides_the_file(tmp_path):
         ({"entropy_coeff": -0.1}, "entropy_coeff must be >= 0"),
         ({"top_k": -1}, "top_k must be >= 0"),
         ({"gamma": 0.0}, "gamma must lie in"),
+        ({"overlong_reward_buffer": 9}, "overlong_reward_buffer=9 must lie in"),
         ({"kl_coeff": -1.0}, "kl_coeff must be >= 0"),
         ({"kl_estimator": "k9"}, "kl_estimator='k9'"),
         ({"loss_agg_mode": "sum"}, "loss_agg_mode='sum'"),

@@ -79,7 +79,7 @@ def test_three_grpo_steps_through_the_reward_server(tiny_world, tmp_path):
 
 def test_rloo_with_gspo_loss_and_entropy_bonus_trains(tiny_world, tmp_path):
     run_grpo(
-        tiny_world, tmp_path, rl_algorithm="rloo", policy_loss="gspo", clip_range_ratio_low=0.0003,
+        tiny_world, tmp_path, rl_algorithm="rloo", policy_loss="gspo", overlong_reward_buffer=2, clip_range_ratio_low=0.0003,
         clip_range_ratio_high=0.0004, loss_agg_mode="seq-mean-token-mean", entropy_coeff=0.01, update_iters=2,
         eval_steps=0,
     )

@@ -76,6 +76,10 @@ class RLTrainingArguments(TrainingArguments):
     clip_range_ratio_low: Optional[float] = field(default=None, metadata={"help": "Lower clip: ratio >= 1 - this."})
     clip_range_ratio_high: Optional[float] = field(default=None, metadata={"help": "Upper clip: ratio <= 1 + this (DAPO clip-higher)."})
     clip_range_score: float = field(default=50.0, metadata={"help": "Rewards are clipped to [-this, this]."})
+    overlong_reward_buffer: int = field(
+        default=0, metadata={"help": "DAPO overlong penalty: responses longer than max_dec_len - this are penalised (0: off)."}
+    )
+    overlong_penalty_factor: float = field(default=1.0, metadata={"help": "Penalty of a response of max_dec_len tokens."})
     loss_agg_mode: str = field(default="token-mean", metadata={"help": "Loss aggregation: " + ", ".join(LOSS_AGGREGATIONS.names())})
     norm_adv_by_std_in_grpo: bool = field(default=True, metadata={"help": "Divide group advantages by the group std (False: Dr.GRPO)."})
     min_learning_rate: float = field(default=0.0, metadata={"help": "The schedule decays to this learning rate."})
@@ -146,12 +150,16 @@ class RLTrainingArguments(TrainingArguments):
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
         for key in [
             "clip_range_ratio_low", "clip_range_ratio_high", "clip_range_score", "kl_loss_coeff", "entropy_coeff",
-            "kl_coeff", "reward_server_max_retries",
+            "kl_coeff", "overlong_penalty_factor", "reward_server_max_retries",
         ]:
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
         if self.clip_range_ratio_low >= 1:
             raise ValueError(f"clip_range_ratio_low={self.clip_range_ratio_low} must be < 1 (ratios are positive)")
+        if not 0 <= self.overlong_reward_buffer <= self.max_dec_len:
+            raise ValueError(
+                f"overlong_reward_buffer={self.overlong_reward_buffer} must lie in [0, max_dec_len={self.max_dec_len}]"
+            )
         if not 0 < self.gamma <= 1:
             raise ValueError(f"gamma must lie in (0, 1], got {self.gamma}")
         if not 0 <= self.min_learning_rate <= self.learning_rate:

@@ -21,6 +21,7 @@ from paddlenlp.utils.log import logger
 
 from llm.alignment.ppo.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from llm.alignment.ppo.algos.registry import call_with_options
+from llm.alignment.ppo.algos.reward_shaping import overlong_penalty
 from llm.alignment.ppo.algos.schedules import build_lr_scheduler
 from llm.alignment.ppo.algos.token_stats import entropy_from_logits, gather_logprobs
 from llm.alignment.ppo.checkpoint_utils import (
@@ -152,6 +153,9 @@ class PPOTrainer(Trainer):
         rollout_seconds = time.time() - started
         scores = self.reward_scorer.score(exp.prompts, exp.labels, exp.responses)
         exp.rewards = paddle.to_tensor(scores, dtype="float32").clip(-args.clip_range_score, args.clip_range_score)
+        if args.overlong_reward_buffer:
+            lengths = exp.response_mask.sum(axis=-1)
+            exp.rewards += overlong_penalty(lengths, args.max_dec_len, args.overlong_reward_buffer, args.overlong_penalty_factor)
         if self.needs_old_logprobs:
             exp.old_logprobs = self.compute_logprobs(self.model, exp)
         if self.reference_model is not None:

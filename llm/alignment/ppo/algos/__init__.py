@@ -10,4 +10,4 @@ from llm.alignment.ppo.algos.registry import (  # noqa: F401
     LR_SCHEDULES,
     POLICY_LOSSES,
 )
-from llm.alignment.ppo.algos import advantages, kl, losses, schedules, token_stats  # noqa: E402,F401
+from llm.alignment.ppo.algos import advantages, kl, losses, reward_shaping, schedules, token_stats  # noqa: E402,F401

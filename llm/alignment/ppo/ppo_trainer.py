@@ -222,13 +222,11 @@ class PPOTrainer(Trainer):
             if args.kl_loss_coeff > 0:
                 loss = loss + args.kl_loss_coeff * kl
             stats["kl"] = kl.detach()
+        # The entropy is differentiated only when it is part of the loss.
+        token_entropy = entropy_from_logits(logits if args.entropy_coeff > 0 else logits.detach())
         if args.entropy_coeff > 0:
-            entropy = self.aggregate(entropy_from_logits(logits), micro.response_mask)
-            loss = loss - args.entropy_coeff * entropy
-        else:
-            with paddle.no_grad():
-                entropy = masked_mean(entropy_from_logits(logits), micro.response_mask)
-        stats["entropy"] = entropy
+            loss = loss - args.entropy_coeff * self.aggregate(token_entropy, micro.response_mask)
+        stats["entropy"] = masked_mean(token_entropy.detach(), micro.response_mask)
         stats["policy_loss"] = policy_loss
         return loss, stats
 

@@ -21,7 +21,7 @@ from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
 from llm.alignment.ppo.arguments import parse_arguments
 from llm.alignment.ppo.comm_utils import finish_distributed_run
-from llm.alignment.ppo.data import SupervisedDataset
+from llm.alignment.ppo.data import IGNORE_INDEX, SupervisedDataset
 
 
 @dataclass
@@ -48,7 +48,9 @@ def main(argv):
         path = os.path.join(data_args.dataset_name_or_path, f"{split}.json")
         if split == "dev" and not os.path.isfile(path):
             return None
-        return SupervisedDataset(path, tokenizer, data_args.max_length, data_args.prompt_key, data_args.label_key)
+        return SupervisedDataset(
+            path, tokenizer, data_args.max_length, seed=training_args.seed, prompt_key=data_args.prompt_key, label_key=data_args.label_key
+        )
 
     trainer = Trainer(
         model=model,
@@ -56,7 +58,7 @@ def main(argv):
         train_dataset=dataset("train"),
         eval_dataset=dataset("dev"),
         tokenizer=tokenizer,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=SupervisedDataset.IGNORE_INDEX),
+        data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=IGNORE_INDEX),
     )
     os.makedirs(training_args.logging_dir, exist_ok=True)  # VisualDL's writer threads race to create it
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)

@@ -13,7 +13,7 @@ from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import running_reward_server
 from llm.alignment.ppo import run_ppo
-from llm.alignment.ppo.data import PromptDataset
+from llm.alignment.ppo.data import PromptOnlyDataset
 from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
 from llm.alignment.ppo.reward_client import RewardServerError
 from llm.alignment.ppo.rewards.arith import arith_reward
@@ -152,7 +152,7 @@ def test_two_process_data_parallel_run_under_launch(tiny_world, tmp_path):
     # The two ranks' greedy evaluation covers each of the 15 prompts once: it equals a single-process one.
     tokenizer = AutoTokenizer.from_pretrained(tiny_world["model"])
     model = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
-    prompts = PromptDataset(tiny_world["eval"], tokenizer, max_prompt_len=16, max_samples=15)
+    prompts = PromptOnlyDataset(tiny_world["eval"], tokenizer, max_prompt_len=16, max_samples=15)
     exp = generate_rollouts(model, tokenizer, list(prompts), 1, SamplingConfig(max_dec_len=4, min_dec_len=1, greedy=True))
     expected = np.mean([arith_reward(p, l, r) for p, l, r in zip(exp.prompts, exp.labels, exp.responses)])
     initial = json.loads((out / "initial_eval_results.json").read_text())

@@ -6,9 +6,10 @@ import random
 
 import numpy as np
 import paddle
+import pytest
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
-from llm.alignment.ppo.data import PromptDataset, SupervisedDataset
+from llm.alignment.ppo.data import PromptOnlyDataset, SupervisedDataset
 from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts, response_mask_from_tokens
 from llm.tools.chat_format import chat_prompt
 from llm.tools.gen_arith import careless_answer
@@ -71,15 +72,13 @@ def test_prompt_dataset_skips_long_prompts_and_names_bad_rows(tiny_world, tmp_pa
     tokenizer = AutoTokenizer.from_pretrained(tiny_world["model"])
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"src": "1+2=", "tgt": "3"}\n{"src": "' + "9" * 40 + '", "tgt": "1"}\n')
-    dataset = PromptDataset(str(path), tokenizer, max_prompt_len=8)
+    dataset = PromptOnlyDataset(str(path), tokenizer, max_prompt_len=8)
     assert len(dataset) == 1 and dataset[0]["label"] == "3"
     path.write_text('{"src": "1+2=", "tgt": "3"}\n{"src": "1+2="}\n')
-    try:
-        PromptDataset(str(path), tokenizer, max_prompt_len=8)
-    except ValueError as error:
-        assert f"{path}:2" in str(error) and "'tgt'" in str(error)
-    else:
-        raise AssertionError("a row without tgt was accepted")
+    with pytest.raises(ValueError, match=r"row 2: no reference answer \(column 'tgt'"):
+        PromptOnlyDataset(str(path), tokenizer, max_prompt_len=8, require_label=True)
+    # A reward model needs no reference answer.
+    assert PromptOnlyDataset(str(path), tokenizer, max_prompt_len=8)[1]["label"] == ""
 
 
 def test_response_mask_stops_after_the_first_eos():

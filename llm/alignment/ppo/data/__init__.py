@@ -1,3 +1,11 @@
-"""Datasets of `src`/`tgt` jsonl rows (PaddleNLP's ppo-kk and SFT format)."""
+"""Datasets: raw datasets registered by name (`raw.py`, `builtin.py`) and tokenized datasets mixed from them."""
 
-from llm.alignment.ppo.data.jsonl import PromptDataset, SupervisedDataset, read_jsonl  # noqa: F401
+from llm.alignment.ppo.data.datasets import (  # noqa: F401
+    IGNORE_INDEX,
+    PreferenceCollator,
+    PreferenceDataset,
+    PromptOnlyDataset,
+    SafetyPreferenceDataset,
+    SupervisedDataset,
+)
+from llm.alignment.ppo.data.raw import RAW_DATASETS, RawDataset, RawSample  # noqa: F401

@@ -62,7 +62,7 @@ def test_ppo_clip_loss_and_clip_fractions_by_hand():
     assert float(stats["clipfrac_high"]) == pytest.approx(1 / 3)
     assert float(stats["clipfrac_low"]) == pytest.approx(1 / 3)
     log_r = np.log([1.5, 0.5, 1.1])
-    assert float(stats["approx_kl"]) == pytest.approx(np.mean(np.exp(log_r) - 1 - log_r), rel=1e-5)
+    assert float(stats["policy/approxkl_avg"]) == pytest.approx(np.mean(np.exp(log_r) - 1 - log_r), rel=1e-5)
 
 
 def test_ppo_clip_gradient_is_zero_when_clipped():

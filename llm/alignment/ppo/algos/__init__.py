@@ -8,6 +8,7 @@ from llm.alignment.ppo.algos.registry import (  # noqa: F401
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     LR_SCHEDULES,
+    PAIRWISE_LOSSES,
     POLICY_LOSSES,
 )
-from llm.alignment.ppo.algos import advantages, kl, losses, reward_shaping, schedules, token_stats  # noqa: E402,F401
+from llm.alignment.ppo.algos import advantages, kl, losses, metrics, pairwise, reward_shaping, schedules, token_stats  # noqa: E402,F401

@@ -1,4 +1,5 @@
-"""Advantage estimators. Each returns token-level advantages [B, R], zero outside the response mask."""
+"""Advantage estimators. Each returns token-level advantages [B, R], zero outside the response mask;
+an estimator that trains a critic (`ppo`) returns (advantages, returns), the returns being the critic's targets."""
 
 import paddle
 
@@ -60,12 +61,45 @@ def discounted_returns(token_rewards, response_mask, gamma):
     return paddle.stack(returns[::-1], axis=1) * mask
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
-def reinforce_plus_plus_advantages(rewards, response_mask, token_kl=None, kl_coeff=0.0, gamma=1.0):
-    """REINFORCE++: token rewards -kl_coeff * KL_t (k1, policy vs reference) plus the score on the last
-    token, discounted returns, whitened over every valid token of the batch. No per-prompt baseline."""
+def kl_shaped_token_rewards(rewards, response_mask, token_kl=None, kl_coeff=0.0):
+    """Token rewards of PPO and REINFORCE++: -kl_coeff * KL_t on every token (k1, policy vs reference)
+    plus the scalar reward on the last one: [B, R]."""
     token_rewards = last_token_rewards(rewards, response_mask)
     if token_kl is not None and kl_coeff:
         token_rewards = token_rewards - kl_coeff * token_kl * response_mask.astype(rewards.dtype)
+    return token_rewards
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
+def reinforce_plus_plus_advantages(rewards, response_mask, token_kl=None, kl_coeff=0.0, gamma=1.0):
+    """REINFORCE++: discounted returns of the KL-shaped token rewards, whitened over every valid token of
+    the batch. No per-prompt baseline."""
+    token_rewards = kl_shaped_token_rewards(rewards, response_mask, token_kl, kl_coeff)
     returns = discounted_returns(token_rewards, response_mask, gamma)
     return masked_whiten(returns, response_mask)
+
+
+@ADVANTAGE_ESTIMATORS.register("ppo")
+def gae_advantages(rewards, response_mask, values, token_kl=None, kl_coeff=0.0, gamma=1.0, lam=0.95, normalize_advantage=True):
+    """PPO: generalised advantage estimation on the KL-shaped token rewards with the critic's `values` [B, R].
+
+    delta_t = r_t + gamma * V_{t+1} - V_t (V past the response is 0), A_t = delta_t + gamma * lam * A_{t+1};
+    the returns A_t + V_t are the critic's targets. With `normalize_advantage` the advantages (not the
+    returns) are whitened over the valid tokens. Returns (advantages, returns), both [B, R].
+    """
+    mask = response_mask.astype(rewards.dtype)
+    token_rewards = kl_shaped_token_rewards(rewards, response_mask, token_kl, kl_coeff)
+    values = values * mask
+    next_value = paddle.zeros_like(values[:, 0])
+    running = paddle.zeros_like(values[:, 0])
+    advantages = []
+    for t in reversed(range(values.shape[1])):
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        running = (delta + gamma * lam * running) * mask[:, t]
+        advantages.append(running)
+        next_value = values[:, t]
+    advantages = paddle.stack(advantages[::-1], axis=1)
+    returns = (advantages + values) * mask
+    if normalize_advantage:
+        advantages = masked_whiten(advantages, response_mask)
+    return advantages, returns

@@ -32,7 +32,9 @@ def ppo_clip_policy_loss(logprobs, old_logprobs, advantages, mask, clip_low, cli
 
     Returns the per-token loss [B, R] and a dict of scalar statistics over valid tokens:
     `clipfrac_low` (negative advantage, ratio below the low bound), `clipfrac_high` (positive
-    advantage, ratio above the high bound) and `approx_kl` (k3 estimate of KL(old || new)).
+    advantage, ratio above the high bound), their sum `policy/clipfrac_avg`, `policy/approxkl_avg`
+    (k3 estimate of KL(old || new)) and the ratio's mean and variance `val/ratio`, `val/ratio_var`
+    (TRL's names).
     """
     return clipped_surrogate(logprobs - old_logprobs, advantages, mask, clip_low, clip_high)
 
@@ -47,12 +49,28 @@ def clipped_surrogate(log_ratio, advantages, mask, clip_low, clip_high):
         dtype = log_ratio.dtype
         low = ((ratio < 1.0 - clip_low) & (advantages < 0)).astype(dtype)
         high = ((ratio > 1.0 + clip_high) & (advantages > 0)).astype(dtype)
+        ratio_mean = token_mean(ratio, mask)
         stats = {
             "clipfrac_low": token_mean(low, mask),
             "clipfrac_high": token_mean(high, mask),
-            "approx_kl": token_mean(ratio - 1.0 - log_ratio, mask),
+            "policy/clipfrac_avg": token_mean(low + high, mask),
+            "policy/approxkl_avg": token_mean(ratio - 1.0 - log_ratio, mask),
+            "val/ratio": ratio_mean,
+            "val/ratio_var": token_mean((ratio - ratio_mean) ** 2, mask),
         }
     return loss, stats
+
+
+def clipped_value_loss(values, old_values, returns, mask, clip_range_value):
+    """PPO's value loss 0.5 * max((V - G)^2, (clip(V, V_old - c, V_old + c) - G)^2) per token [B, R], and
+    `val/clipfrac_avg`: the share of valid tokens where the clipped term is the larger."""
+    clipped = old_values + paddle.clip(values - old_values, -clip_range_value, clip_range_value)
+    unclipped_error = (values - returns) ** 2
+    clipped_error = (clipped - returns) ** 2
+    loss = 0.5 * paddle.maximum(unclipped_error, clipped_error)
+    with paddle.no_grad():
+        clipfrac = token_mean((clipped_error > unclipped_error).astype(values.dtype), mask)
+    return loss, {"val/clipfrac_avg": clipfrac}
 
 
 @POLICY_LOSSES.register("gspo")

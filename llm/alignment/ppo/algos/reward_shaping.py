@@ -1,4 +1,4 @@
-"""Adjustments of the scalar rewards before advantages are computed."""
+"""Adjustments of the scalar rewards before advantages are computed, and DAPO's group filter."""
 
 import paddle
 
@@ -8,3 +8,16 @@ def overlong_penalty(response_lengths, max_dec_len, buffer, factor):
     -factor at max_dec_len. `response_lengths` [B] -> penalties [B] (<= 0)."""
     excess = (response_lengths.astype("float32") - (max_dec_len - buffer)).clip(min=0.0)
     return -factor * paddle.minimum(excess / buffer, paddle.ones_like(excess))
+
+
+def missing_eos_penalty(finished, penalty):
+    """-penalty for each response that never emitted EOS (cut at max_dec_len), 0 otherwise: [B]."""
+    return -penalty * (~finished).astype("float32")
+
+
+def groups_with_reward_variance(rewards, group_index):
+    """DAPO's dynamic-sampling filter: True for the samples whose group's rewards are not all equal [B].
+    Groups of equal rewards have zero advantage under group baselines and carry no gradient."""
+    same_group = group_index.unsqueeze(0) == group_index.unsqueeze(1)
+    differs = rewards.unsqueeze(0) != rewards.unsqueeze(1)
+    return (same_group & differs).any(axis=1)

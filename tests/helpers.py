@@ -1,5 +1,6 @@
 """Shared test helpers: a reward server on a loopback port, and the tiny world on disk."""
 
+import json
 import os
 import threading
 from contextlib import contextmanager
@@ -8,6 +9,7 @@ from werkzeug.serving import make_server
 
 from llm import run_finetune
 from llm.alignment.ppo.reward_server import create_app
+from llm.alignment.rm import run_reward
 from llm.tools.build_tiny_model import build_tiny_model
 from llm.tools.build_tokenizer import build_tokenizer
 from llm.tools.gen_arith import generate
@@ -38,7 +40,7 @@ def build_tiny_world(root):
     sft_dir = os.path.join(root, "sft_model")
     build_tokenizer(tokenizer_dir)
     build_tiny_model(tokenizer_dir, random_dir, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
-    generate(os.path.join(root, "data"), num_eval=16, num_sft=4096)
+    generate(os.path.join(root, "data"), num_eval=64, num_sft=4096)
     sft_overrides = {
         "model_name_or_path": random_dir,
         "dataset_name_or_path": os.path.join(root, "data", "sft"),
@@ -55,5 +57,30 @@ def build_tiny_world(root):
         "model": sft_dir,
         "train": os.path.join(root, "data", "rl", "train.jsonl"),
         "eval": os.path.join(root, "data", "rl", "eval.jsonl"),
+        "pref_train": os.path.join(root, "data", "pref", "train.jsonl"),
+        "pref_eval": os.path.join(root, "data", "pref", "eval.jsonl"),
+        "sft_train": os.path.join(root, "data", "sft", "train.json"),
         "sft_logs": os.path.join(root, "sft_vdl"),
     }
+
+
+RM_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "rm_argument.json")
+
+
+def train_reward_model(world, output_dir, **changes):
+    """run_reward on the tiny world's preference pairs (config/tiny/rm_argument.json, shortened); returns the
+    final eval metrics."""
+    values = {
+        "model_name_or_path": world["model"],
+        "train_datasets": world["pref_train"],
+        "eval_datasets": world["pref_eval"],
+        "output_dir": output_dir,
+        "logging_dir": os.path.join(output_dir, "vdl"),
+        "max_steps": 300,
+        "eval_steps": 1000,
+        "logging_steps": 20,
+        **changes,
+    }
+    run_reward.main([RM_CONFIG, *[token for key, value in values.items() for token in (f"--{key}", str(value))]])
+    with open(os.path.join(output_dir, "eval_results.json")) as f:
+        return json.load(f)

@@ -5,6 +5,8 @@ Writes, from one shuffle of all 1000 prompts:
   rl/eval.jsonl    held-out prompts (never seen in SFT or RL) for greedy accuracy
   sft/train.json   demonstrations for SFT, a fraction of them wrong (a careless annotator)
   sft/dev.json     correct demonstrations on held-out prompts, for the SFT eval loss
+  pref/train.jsonl preference pairs for reward-model training: the right sum against a slip of the
+  pref/eval.jsonl  careless annotator, in random order (`better` says which is right); eval on held-out prompts
 
 The demonstrations come from a careless annotator: on sums that carry (>= 10) it drops the carry with
 probability `carry_slip_rate` (writing 13 as 3), and any answer is off by one with probability `error_rate`.
@@ -42,6 +44,24 @@ def noisy_demonstrations(triples, num_samples, carry_slip_rate, error_rate, rng)
     return rows
 
 
+def wrong_answer(total, rng):
+    """The careless annotator's usual slip: the dropped carry on carrying sums, else off by one."""
+    if total >= 10:
+        return total - 10
+    return total + 1 if total == 0 else total + rng.choice([-1, 1])
+
+
+def preference_rows(triples, rng, pairs_per_prompt=1):
+    """Pairs in RawSample fields: `answer` and `other_answer`, `better` when `answer` is the right sum."""
+    rows = []
+    for a, b, c in [t for t in triples for _ in range(pairs_per_prompt)]:
+        right, wrong = str(a + b + c), str(wrong_answer(a + b + c, rng))
+        better = rng.random() < 0.5
+        answer, other = (right, wrong) if better else (wrong, right)
+        rows.append({"src": f"{a}+{b}+{c}=", "answer": answer, "other_answer": other, "better": better})
+    return rows
+
+
 def write_jsonl(rows, path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
@@ -59,6 +79,8 @@ def generate(output_dir, num_eval=200, num_sft=20000, carry_slip_rate=0.6, error
     demos = noisy_demonstrations(train_triples, num_sft, carry_slip_rate, error_rate, rng)
     write_jsonl(demos, os.path.join(output_dir, "sft", "train.json"))
     write_jsonl(arith_rows(eval_triples), os.path.join(output_dir, "sft", "dev.json"))
+    write_jsonl(preference_rows(train_triples, rng, pairs_per_prompt=4), os.path.join(output_dir, "pref", "train.jsonl"))
+    write_jsonl(preference_rows(eval_triples, rng), os.path.join(output_dir, "pref", "eval.jsonl"))
 
 
 def main():
@@ -71,7 +93,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     generate(args.output_dir, args.num_eval, args.num_sft, args.carry_slip_rate, args.error_rate, args.seed)
-    print(f"demo data written to {args.output_dir}/rl and {args.output_dir}/sft")
+    print(f"demo data written to {args.output_dir}/rl, {args.output_dir}/sft and {args.output_dir}/pref")
 
 
 if __name__ == "__main__":

@@ -88,7 +88,8 @@ class JsonFileDataset(RawDataset):
     def load(self, path, prompt_key="src", label_key="tgt"):
         renames = {prompt_key: "prompt", label_key: "answer"}
         for number, row in enumerate(read_rows(path), start=1):
-            values = {renames.get(k, k): v for k, v in row.items() if renames.get(k, k) in RAW_SAMPLE_FIELDS}
+            # A null is an absent value (parquet writes one wherever a row lacks the column).
+            values = {renames.get(k, k): v for k, v in row.items() if renames.get(k, k) in RAW_SAMPLE_FIELDS and v is not None}
             if values.get("prompt") is None and values.get("input") is None and values.get("dialogue") is None:
                 raise ValueError(f"{path} row {number}: no prompt; it needs a {prompt_key!r}, 'input' or 'dialogue' column")
             for key in ("prompt", "answer", "other_answer"):

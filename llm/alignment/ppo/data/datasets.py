@@ -74,7 +74,7 @@ class TokenizedDataset(paddle.io.Dataset):
                 else:
                     self.items.append(item)
         if not self.items:
-            raise ValueError(f"{datasets}: no usable example ({self.dropped} dropped as too long)")
+            raise ValueError(f"{datasets}: no usable example ({self.dropped} dropped: too long, or pairs of identical sequences)")
 
     def build(self, sample, where):
         raise NotImplementedError
@@ -128,7 +128,8 @@ class SupervisedDataset(TokenizedDataset):
         target = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
         tokens = (prompt + target)[: self.max_length + 1]
         self.truncated += len(prompt + target) > self.max_length + 1
-        labels = [IGNORE_INDEX] * (len(prompt) - 1) + target
+        # Shifted by one; slicing (not `len(prompt) - 1` ignore slots) keeps it right for an empty prompt.
+        labels = ([IGNORE_INDEX] * len(prompt) + target)[1:]
         return {"input_ids": tokens[:-1], "labels": labels[: len(tokens) - 1]}
 
 

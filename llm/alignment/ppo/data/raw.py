@@ -8,6 +8,7 @@ configs work as they are.
 """
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import ClassVar, Dict, List, Optional, Union
@@ -92,7 +93,10 @@ class DatasetSpec:
 def parse_dataset_specs(datasets: Union[str, Dict[str, float]]) -> List[DatasetSpec]:
     """`"a:0.5,b"` or `{"a": 0.5, "b": 1}` -> specs; a bare data file path becomes `jsonfile` of it."""
     if isinstance(datasets, dict):
-        entries = [f"{name}:{proportion}" for name, proportion in datasets.items()]
+        entries = [
+            f"jsonfile:{proportion}:{name}" if name.endswith(DATA_FILE_SUFFIXES) else f"{name}:{proportion}"
+            for name, proportion in datasets.items()
+        ]
     else:
         entries = [entry.strip() for entry in datasets.split(",") if entry.strip()]
     if not entries:
@@ -113,8 +117,8 @@ def parse_dataset_spec(entry):
         proportion = float(proportion_text) if proportion_text else 1.0
     except ValueError:
         raise ValueError(f"dataset entry {entry!r}: proportion {proportion_text!r} is not a number") from None
-    if proportion <= 0:
-        raise ValueError(f"dataset entry {entry!r}: proportion must be > 0")
+    if not math.isfinite(proportion) or proportion <= 0:
+        raise ValueError(f"dataset entry {entry!r}: proportion must be a finite number > 0")
     return DatasetSpec(name, proportion, path or None)
 
 
@@ -132,7 +136,10 @@ def read_rows(path):
     with open(path, encoding="utf-8") as f:
         text = f.read()
     if text.lstrip().startswith("["):
-        rows = json.loads(text)
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{error.lineno}: not valid JSON ({error})") from None
         numbered = enumerate(rows, start=1)
     else:
         numbered = ((n, parse_line(line, path, n)) for n, line in enumerate(text.splitlines(), start=1) if line.strip())

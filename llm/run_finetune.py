@@ -37,8 +37,11 @@ class FinetuneDataArgument:
     label_key: str = field(default="tgt", metadata={"help": "Column holding the target."})
 
 
+ARGUMENT_CLASSES = (FinetuneModelArgument, FinetuneDataArgument, TrainingArguments)
+
+
 def main(argv):
-    model_args, data_args, training_args = parse_arguments(argv, (FinetuneModelArgument, FinetuneDataArgument, TrainingArguments))
+    model_args, data_args, training_args = parse_arguments(argv, ARGUMENT_CLASSES)
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)

@@ -36,14 +36,23 @@ class ModelArgument:
         default=None, metadata={"help": "Frozen reference model for the KL term; defaults to the actor's path."}
     )
     tokenizer_name_or_path: Optional[str] = field(default=None, metadata={"help": "Tokenizer path; defaults to the actor's."})
+    reward_model_name_or_path: Optional[str] = field(
+        default=None, metadata={"help": "Reward model (llm/alignment/rm output) that scores responses."}
+    )
+    reward_critic_model_name_or_path: Optional[str] = field(
+        default=None, metadata={"help": "Initial critic (ppo); defaults to the reward model, else the actor's backbone."}
+    )
 
 
 @dataclass
 class DataArgument:
-    train_datasets: str = field(metadata={"help": "Prompt jsonl file(s) for rollouts, comma separated."})
-    eval_datasets: Optional[str] = field(default=None, metadata={"help": "Held-out prompt jsonl file(s), comma separated."})
-    prompt_key: str = field(default="src", metadata={"help": "Column holding the prompt."})
-    label_key: str = field(default="tgt", metadata={"help": "Column holding the reference answer given to the reward."})
+    train_datasets: str = field(
+        metadata={"help": "Prompts for rollouts: `name[:proportion[:path]]` entries or data files, comma separated."}
+    )
+    eval_datasets: Optional[str] = field(default=None, metadata={"help": "Held-out prompts, in the same format."})
+    ptx_datasets: Optional[str] = field(default=None, metadata={"help": "Supervised data of the ptx loss (ppo), in the same format."})
+    prompt_key: str = field(default="src", metadata={"help": "Column of data files holding the literal prompt."})
+    label_key: str = field(default="tgt", metadata={"help": "Column of data files holding the reference answer given to the reward."})
     max_prompt_len: int = field(default=1024, metadata={"help": "Prompts with more tokens are skipped (and counted)."})
     max_length: int = field(default=2048, metadata={"help": "Upper bound of prompt plus response tokens."})
     max_eval_samples: int = field(default=0, metadata={"help": "Evaluate on at most this many prompts (0: all)."})
@@ -67,9 +76,27 @@ class RLTrainingArguments(TrainingArguments):
     kl_loss_coeff: float = field(default=0.001, metadata={"help": "Weight of the KL-to-reference loss (0 disables the reference model)."})
     kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2 or k3."})
     kl_coeff: float = field(
-        default=0.0, metadata={"help": "Weight of the k1 KL penalty in the token rewards (reinforce_plus_plus)."}
+        default=0.0, metadata={"help": "Weight of the k1 KL penalty in the token rewards (ppo, reinforce_plus_plus)."}
     )
-    gamma: float = field(default=1.0, metadata={"help": "Discount of the token returns (reinforce_plus_plus)."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount of the token returns (ppo, reinforce_plus_plus)."})
+    lam: float = field(default=0.95, metadata={"help": "GAE lambda (ppo)."})
+    normalize_advantage: bool = field(default=True, metadata={"help": "Whiten GAE advantages over valid tokens (ppo)."})
+    normalize_reward: bool = field(
+        default=False, metadata={"help": "Normalise rewards by running mean and std over all ranks (kept in checkpoints)."}
+    )
+    clip_range_value: float = field(default=5.0, metadata={"help": "Critic values move at most this far from their rollout values (ppo)."})
+    ptx_coeff: float = field(default=0.0, metadata={"help": "Weight of the language-model loss on ptx_datasets (ppo)."})
+    missing_eos_penalty: float = field(default=0.0, metadata={"help": "Subtracted from the reward of responses that never emit EOS."})
+    max_gen_batches: int = field(
+        default=0,
+        metadata={"help": "DAPO dynamic sampling: drop groups of equal rewards and generate up to this many batches to fill a step (0: off)."},
+    )
+    critic_learning_rate: float = field(default=5e-6, metadata={"help": "Critic peak learning rate (ppo)."})
+    critic_min_learning_rate: float = field(default=0.0, metadata={"help": "The critic's schedule decays to this."})
+    critic_weight_decay: float = field(default=0.0, metadata={"help": "Critic AdamW weight decay."})
+    critic_lr_scheduler_type: str = field(default="constant", metadata={"help": "Critic schedule: linear, cosine or constant."})
+    critic_warmup_ratio: float = field(default=0.0, metadata={"help": "Share of steps of critic warm-up."})
+    critic_recompute: bool = field(default=False, metadata={"help": "Recompute critic activations in backward to save memory."})
     policy_loss: str = field(default="ppo_clip", metadata={"help": "Policy loss: " + ", ".join(POLICY_LOSSES.names())})
     entropy_coeff: float = field(default=0.0, metadata={"help": "Weight of the entropy bonus (0: off)."})
     clip_range_ratio: float = field(default=0.2, metadata={"help": "PPO ratio clip, both sides unless _low/_high are given."})
@@ -95,6 +122,7 @@ class RLTrainingArguments(TrainingArguments):
     def __post_init__(self):
         super().__post_init__()
         self.lr_scheduler_type = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
+        self.critic_lr_scheduler_type = getattr(self.critic_lr_scheduler_type, "value", self.critic_lr_scheduler_type)
         if self.clip_range_ratio_low is None:
             self.clip_range_ratio_low = self.clip_range_ratio
         if self.clip_range_ratio_high is None:
@@ -104,7 +132,11 @@ class RLTrainingArguments(TrainingArguments):
     @property
     def kl_in_reward(self):
         """The token rewards carry a KL penalty, which needs the rollout policy's and the reference's log-probs."""
-        return self.rl_algorithm == "reinforce_plus_plus" and self.kl_coeff > 0
+        return self.rl_algorithm in ("ppo", "reinforce_plus_plus") and self.kl_coeff > 0
+
+    @property
+    def uses_critic(self):
+        return self.rl_algorithm == "ppo"
 
     @property
     def uses_reference_model(self):
@@ -127,6 +159,7 @@ class RLTrainingArguments(TrainingArguments):
             "policy_loss": POLICY_LOSSES,
             "loss_agg_mode": LOSS_AGGREGATIONS,
             "lr_scheduler_type": LR_SCHEDULES,
+            "critic_lr_scheduler_type": LR_SCHEDULES,
         }
         for key, registry in choices.items():
             value = getattr(self, key)
@@ -150,7 +183,8 @@ class RLTrainingArguments(TrainingArguments):
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
         for key in [
             "clip_range_ratio_low", "clip_range_ratio_high", "clip_range_score", "kl_loss_coeff", "entropy_coeff",
-            "kl_coeff", "overlong_penalty_factor", "reward_server_max_retries",
+            "kl_coeff", "overlong_penalty_factor", "reward_server_max_retries", "clip_range_value", "ptx_coeff",
+            "missing_eos_penalty", "max_gen_batches", "critic_weight_decay",
         ]:
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
@@ -162,10 +196,18 @@ class RLTrainingArguments(TrainingArguments):
             )
         if not 0 < self.gamma <= 1:
             raise ValueError(f"gamma must lie in (0, 1], got {self.gamma}")
+        if not 0 <= self.lam <= 1:
+            raise ValueError(f"lam must lie in [0, 1], got {self.lam}")
+        if self.max_gen_batches and self.rollout_n < 2:
+            raise ValueError(f"max_gen_batches={self.max_gen_batches} filters groups of samples, so it needs rollout_n >= 2")
+        if not 0 <= self.critic_min_learning_rate <= self.critic_learning_rate:
+            raise ValueError(
+                f"critic_min_learning_rate={self.critic_min_learning_rate} must lie in [0, critic_learning_rate={self.critic_learning_rate}]"
+            )
+        if not 0 <= self.critic_warmup_ratio < 1:
+            raise ValueError(f"critic_warmup_ratio must lie in [0, 1), got {self.critic_warmup_ratio}")
         if not 0 <= self.min_learning_rate <= self.learning_rate:
             raise ValueError(f"min_learning_rate={self.min_learning_rate} must lie in [0, learning_rate={self.learning_rate}]")
-        if self.use_rm_server == self.use_rule_reward:
-            raise ValueError("set exactly one of use_rm_server (reward server) and use_rule_reward (in-process rule reward)")
         if self.use_rule_reward and self.reward_task not in REWARD_TASKS:
             raise ValueError(f"reward_task={self.reward_task!r} is not registered; choose from {sorted(REWARD_TASKS)}")
         if self.rollout_batch_size % self.per_device_train_batch_size:
@@ -195,7 +237,7 @@ def parse_arguments(argv, argument_classes=ARGUMENT_CLASSES):
         raise ValueError(f"config file {argv[0]} is not valid JSON: {error}") from None
     tokens = [resolve_key(token, argument_classes) if token.startswith("--") else token for token in tokens]
     parsed = parser.parse_args_into_dataclasses(args=tokens, look_for_args_file=False)
-    validate_lengths(parsed)
+    validate_across(parsed)
     return parsed
 
 
@@ -209,9 +251,22 @@ def resolve_key(token, argument_classes):
     return f"--{key}"
 
 
-def validate_lengths(parsed):
+def validate_across(parsed):
+    """Checks that involve keys of more than one argument class."""
+    model_args = next((a for a in parsed if isinstance(a, ModelArgument)), None)
     data_args = next((a for a in parsed if isinstance(a, DataArgument)), None)
     training_args = next((a for a in parsed if isinstance(a, RLTrainingArguments)), None)
+    if model_args and training_args:
+        sources = [training_args.use_rm_server, training_args.use_rule_reward, model_args.reward_model_name_or_path is not None]
+        if sum(sources) != 1:
+            raise ValueError(
+                "set exactly one reward source: use_rm_server (reward server), use_rule_reward (in-process rule) "
+                "or reward_model_name_or_path (reward model)"
+            )
+    if data_args and training_args and bool(data_args.ptx_datasets) != (training_args.ptx_coeff > 0):
+        raise ValueError(
+            f"ptx_datasets={data_args.ptx_datasets!r} and ptx_coeff={training_args.ptx_coeff} go together: set both or neither"
+        )
     if data_args and training_args and data_args.max_prompt_len + training_args.max_dec_len > data_args.max_length:
         raise ValueError(
             f"max_prompt_len={data_args.max_prompt_len} + max_dec_len={training_args.max_dec_len} exceeds "

@@ -15,10 +15,13 @@ class Experience:
     response_mask    [B, R] float32  1 on response tokens up to and including EOS
     group_index      [B] int64       which prompt a response answers (GRPO groups)
     finished         [B] bool        the response ended with EOS (not cut at max_dec_len)
-    rewards          [B] float32     clipped scalar reward per response
+    scores           [B] float32     raw score of the reward source (rule, server or reward model)
+    rewards          [B] float32     the score after penalties, normalisation and clipping
     old_logprobs     [B, R] float32  actor log-probs at rollout time (None: on-policy, use detached current ones)
     ref_logprobs     [B, R] float32  reference-model log-probs (None without a KL term)
     advantages       [B, R] float32
+    values           [B, R] float32  critic values at rollout time (PPO)
+    returns          [B, R] float32  the critic's targets (PPO)
     prompts, labels, responses: the texts, for rewards and sample tables.
     """
 
@@ -30,10 +33,13 @@ class Experience:
     prompts: List[str]
     labels: List[str]
     responses: List[str]
+    scores: Optional[paddle.Tensor] = None
     rewards: Optional[paddle.Tensor] = None
     old_logprobs: Optional[paddle.Tensor] = None
     ref_logprobs: Optional[paddle.Tensor] = None
     advantages: Optional[paddle.Tensor] = None
+    values: Optional[paddle.Tensor] = None
+    returns: Optional[paddle.Tensor] = None
 
     @property
     def prompt_len(self):
@@ -44,8 +50,48 @@ class Experience:
 
     def select(self, start, end):
         """Rows [start, end) as a new Experience (a micro-batch)."""
+        return self.take(list(range(start, min(end, len(self)))))
+
+    def take(self, rows):
+        """The given rows (a list of indices) as a new Experience."""
+        index = paddle.to_tensor(rows, dtype="int64")
         values = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            values[f.name] = None if value is None else value[start:end]
+            if isinstance(value, list):
+                values[f.name] = [value[i] for i in rows]
+            else:
+                values[f.name] = None if value is None else paddle.gather(value, index)
         return Experience(**values)
+
+    @staticmethod
+    def concat(batches, pad_token_id):
+        """One Experience of the rows of `batches` (rollouts of the same step before their rewards are
+        turned into advantages): prompts re-padded on the left and responses on the right to common
+        widths, group indices kept apart."""
+        prompt_len = max(b.prompt_len for b in batches)
+        response_len = max(b.response_mask.shape[1] for b in batches)
+        groups, offset = [], 0
+        for b in batches:
+            groups.append(b.group_index + offset)
+            offset += int(b.group_index.max()) + 1
+
+        def pad(tensor, value, left, right):
+            return paddle.nn.functional.pad(tensor, [left, right], value=value, mode="constant", data_format="NL")
+
+        def widen(b, name, value, with_prompt):
+            left = prompt_len - b.prompt_len if with_prompt else 0
+            return pad(getattr(b, name), value, left, response_len - b.response_mask.shape[1])
+
+        merged = {
+            "input_ids": paddle.concat([widen(b, "input_ids", pad_token_id, True) for b in batches]),
+            "attention_mask": paddle.concat([widen(b, "attention_mask", 0, True) for b in batches]),
+            "response_mask": paddle.concat([widen(b, "response_mask", 0, False) for b in batches]),
+            "group_index": paddle.concat(groups),
+            "finished": paddle.concat([b.finished for b in batches]),
+            "scores": paddle.concat([b.scores for b in batches]),
+            "rewards": paddle.concat([b.rewards for b in batches]),
+        }
+        for name in ("prompts", "labels", "responses"):
+            merged[name] = [text for b in batches for text in getattr(b, name)]
+        return Experience(**merged)

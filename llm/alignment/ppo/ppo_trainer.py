@@ -1,8 +1,9 @@
-"""RL trainer: orchestration only. One step is rollout -> reward -> log-probs -> advantages -> update -> log.
+"""RL trainer: orchestration only. One step is rollout -> reward -> log-probs (and values) -> advantages
+-> update of the actor (and critic) -> log.
 
-The math lives in `algos/` (selected by config names), rollout in `infer_utils.py`, rewards in `rewards/`.
-paddlenlp's `Trainer` supplies the optimizer, data-parallel wrapping, callbacks (progress bar, VisualDL)
-and RNG-state restore.
+The math lives in `algos/` (selected by config names), rollout in `infer_utils.py`, rewards in `rewards/`,
+the critic in `models/score_model.py`. paddlenlp's `Trainer` supplies the actor's optimizer,
+data-parallel wrapping, callbacks (progress bar, VisualDL) and RNG-state restore.
 """
 
 import contextlib
@@ -21,9 +22,11 @@ from paddlenlp.utils.log import logger
 
 from llm.alignment.ppo.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from llm.alignment.ppo.algos.registry import call_with_options
-from llm.alignment.ppo.algos.reward_shaping import overlong_penalty
+from llm.alignment.ppo.algos.losses import clipped_value_loss
+from llm.alignment.ppo.algos.metrics import explained_variance, rlhf_objective_metrics
+from llm.alignment.ppo.algos.reward_shaping import groups_with_reward_variance, missing_eos_penalty, overlong_penalty
 from llm.alignment.ppo.algos.schedules import build_lr_scheduler
-from llm.alignment.ppo.algos.token_stats import entropy_from_logits, gather_logprobs
+from llm.alignment.ppo.algos.token_stats import entropy_from_logits, gather_logprobs, position_ids_from_mask
 from llm.alignment.ppo.checkpoint_utils import (
     atomic_directory,
     barrier,
@@ -32,14 +35,13 @@ from llm.alignment.ppo.checkpoint_utils import (
     optimizer_state_by_structured_name,
 )
 from llm.alignment.ppo.comm_utils import all_reduce_scalars, is_distributed, masked_mean, mean_over_ranks
+from llm.alignment.ppo.experience import Experience
 from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
+from llm.alignment.ppo.models.score_model_utils import RunningMeanStd
 
 OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE = "optimizer.pdopt", "scheduler.pdparams", "trainer_state.json"
-
-
-def position_ids_from_mask(attention_mask):
-    """Positions counted over real tokens only, so left padding does not shift the prompt."""
-    return (paddle.cumsum(attention_mask, axis=-1) - 1).clip(min=0)
+CRITIC_OPTIMIZER_FILE, CRITIC_SCHEDULER_FILE = "value_optimizer.pdopt", "value_scheduler.pdparams"
+REWARD_NORMALIZER_FILE = "reward_normalizer.pdparams"
 
 
 def response_logits(model, exp):
@@ -57,11 +59,29 @@ def response_labels(exp):
     return exp.input_ids[:, exp.prompt_len :]
 
 
+def response_values(critic, exp):
+    """Critic values of the states before each response token: [B, R] (float32)."""
+    scores = critic(input_ids=exp.input_ids, attention_mask=exp.attention_mask).scores[..., 0]
+    return scores[:, exp.prompt_len - 1 : -1]
+
+
+def decay_filter(model):
+    """AdamW decays every weight but biases and norms (the Trainer's choice for the actor)."""
+    names = {p.name for n, p in model.named_parameters() if not any(nd in n for nd in ["bias", "norm"])}
+    return lambda name: name in names
+
+
 class PPOTrainer(Trainer):
-    def __init__(self, model, reference_model, tokenizer, args, train_dataset, eval_dataset, reward_scorer):
+    def __init__(
+        self, model, reference_model, tokenizer, args, train_dataset, eval_dataset, reward_scorer,
+        critic_model=None, ptx_dataset=None,
+    ):
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, tokenizer=tokenizer)
         self.reference_model = reference_model
         self.reward_scorer = reward_scorer
+        self.critic = critic_model
+        self.ptx_dataset = ptx_dataset
+        self.reward_normalizer = RunningMeanStd(1) if args.normalize_reward else None
         self.sampling = SamplingConfig.from_args(args)
         self.advantage_fn = ADVANTAGE_ESTIMATORS.get(args.rl_algorithm)
         self.policy_loss_fn = POLICY_LOSSES.get(args.policy_loss)
@@ -80,6 +100,23 @@ class PPOTrainer(Trainer):
             self.args.lr_scheduler_type, self.args.learning_rate, self.args.min_learning_rate, warmup, num_training_steps
         )
         return self.lr_scheduler
+
+    def create_critic_optimizer(self, num_training_steps):
+        """The critic's own schedule (critic_* keys) and an optimizer of the actor's kind."""
+        args = self.args
+        self.critic_lr_scheduler = build_lr_scheduler(
+            args.critic_lr_scheduler_type, args.critic_learning_rate, args.critic_min_learning_rate,
+            int(args.critic_warmup_ratio * num_training_steps), num_training_steps,
+        )
+        optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
+        self.critic_optimizer = optimizer_cls(
+            learning_rate=self.critic_lr_scheduler,
+            parameters=self.critic.parameters(),
+            weight_decay=args.critic_weight_decay,
+            apply_decay_param_fun=decay_filter(self.critic),
+            grad_clip=paddle.nn.ClipGradByGlobalNorm(args.max_grad_norm) if args.max_grad_norm > 0 else None,
+            **optimizer_kwargs,
+        )
 
     def prompt_batches(self, start_step):
         """Endless prompt batches of this rank, resumable at any step (epochs reshuffle deterministically)."""
@@ -112,7 +149,7 @@ class PPOTrainer(Trainer):
         if self.eval_dataset is not None and start_step == 0:
             self.log_evaluation("initial_eval")
         for step in range(start_step + 1, args.max_steps + 1):
-            exp, metrics = self.rl_step(next(batches))
+            exp, metrics = self.rl_step(batches)
             self.state.global_step = step
             self.control = self.callback_handler.on_step_end(args, self.state, self.control)
             if args.logging_steps and step % args.logging_steps == 0:
@@ -127,7 +164,7 @@ class PPOTrainer(Trainer):
             self.log_evaluation("eval")
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         self.save_checkpoint()
-        self.save_policy(os.path.join(args.output_dir, "policy"))
+        self.save_final_models()
 
     def log_evaluation(self, split):
         """Evaluate, log, and write output_dir/{split}_results.json (rank 0)."""
@@ -141,34 +178,92 @@ class PPOTrainer(Trainer):
         """Optimizer, schedule, data-parallel wrapper and, when resuming, their saved state; returns the start step."""
         # VisualDL's writer threads race to create a missing log folder; create it first.
         os.makedirs(self.args.logging_dir, exist_ok=True)
-        self.create_optimizer_and_scheduler(num_training_steps=self.args.max_steps * self.args.optimizer_steps_per_rl_step)
+        num_steps = self.args.max_steps * self.args.optimizer_steps_per_rl_step
+        self.create_optimizer_and_scheduler(num_training_steps=num_steps)
         self.model_wrapped = self._wrap_model(self.model)
+        if self.critic is not None:
+            self.create_critic_optimizer(num_steps)
+            self.critic_wrapped = self._wrap_model(self.critic)
+        self.ptx_batches = self.supervised_batches(self.ptx_dataset) if self.ptx_dataset is not None else None
         return self.load_checkpoint(resume_from_checkpoint) if resume_from_checkpoint else 0
 
-    def rl_step(self, items):
+    def supervised_batches(self, dataset):
+        """Endless micro-batches of this rank's share of the ptx data, padded by the SFT collator."""
+        from paddlenlp.data import DataCollatorForSeq2Seq
+
+        from llm.alignment.ppo.data import IGNORE_INDEX
+
+        sampler = DistributedBatchSampler(dataset, batch_size=self.args.per_device_train_batch_size, shuffle=True, drop_last=True)
+        collate = DataCollatorForSeq2Seq(self.tokenizer, padding=True, label_pad_token_id=IGNORE_INDEX, return_tensors="pd")
+        epoch = self.args.seed
+        while True:
+            sampler.set_epoch(epoch)
+            for indices in sampler:
+                yield collate([dataset[i] for i in indices])
+            epoch += 1
+
+    def rl_step(self, batches):
         args = self.args
         started = time.time()
-        with self.autocast_smart_context_manager():
-            exp = generate_rollouts(self.model, self.tokenizer, items, args.rollout_n, self.sampling, args.use_fusemt)
-        rollout_seconds = time.time() - started
-        scores = self.reward_scorer.score(exp.prompts, exp.labels, exp.responses)
-        exp.rewards = paddle.to_tensor(scores, dtype="float32").clip(-args.clip_range_score, args.clip_range_score)
-        if args.overlong_reward_buffer:
-            lengths = exp.response_mask.sum(axis=-1)
-            exp.rewards += overlong_penalty(lengths, args.max_dec_len, args.overlong_reward_buffer, args.overlong_penalty_factor)
+        exp, generation = self.make_experience(batches)
         if self.needs_old_logprobs:
             exp.old_logprobs = self.compute_logprobs(self.model, exp)
         if self.reference_model is not None:
             exp.ref_logprobs = self.compute_logprobs(self.reference_model, exp)
+        if self.critic is not None:
+            exp.values = self.compute_values(exp)
         token_kl = exp.old_logprobs - exp.ref_logprobs if args.kl_in_reward else None
-        exp.advantages = call_with_options(
-            self.advantage_fn, exp.rewards, exp.response_mask, group_index=exp.group_index,
+        advantages = call_with_options(
+            self.advantage_fn, exp.rewards, exp.response_mask, group_index=exp.group_index, values=exp.values,
             norm_adv_by_std=args.norm_adv_by_std_in_grpo, token_kl=token_kl, kl_coeff=args.kl_coeff, gamma=args.gamma,
+            lam=args.lam, normalize_advantage=args.normalize_advantage,
         )
-        train_stats = self.update_policy(exp)
-        metrics = self.rollout_metrics(exp, scores, rollout_seconds) | train_stats
+        exp.advantages, exp.returns = advantages if isinstance(advantages, tuple) else (advantages, None)
+        train_stats = self.update(exp)
+        metrics = self.rollout_metrics(exp, generation) | train_stats
         metrics["step_time"] = time.time() - started
+        metrics["eps"] = len(exp) * args.world_size / metrics["step_time"]
         return exp, metrics
+
+    def make_experience(self, batches):
+        """Rollouts of the next prompt batch with their rewards. With DAPO's dynamic sampling
+        (`max_gen_batches`), groups whose rewards are all equal are dropped and more batches are generated,
+        at most `max_gen_batches`, until a full batch of groups is kept; if that is not reached, the
+        dropped groups fill the rest (they carry no group-relative advantage)."""
+        args = self.args
+        kept, dropped, seconds = [], [], 0.0
+        for generated in range(1, max(1, args.max_gen_batches) + 1):
+            started = time.time()
+            with self.autocast_smart_context_manager():
+                exp = generate_rollouts(self.model, self.tokenizer, next(batches), args.rollout_n, self.sampling, args.use_fusemt)
+            seconds += time.time() - started
+            self.score(exp)
+            if not args.max_gen_batches:
+                return exp, {"rollout_seconds": seconds}
+            keep = groups_with_reward_variance(exp.rewards, exp.group_index).numpy()
+            kept.append(exp.take(np.flatnonzero(keep).tolist()))
+            dropped.append(exp.take(np.flatnonzero(~keep).tolist()))
+            if sum(len(b) for b in kept) >= args.rollout_batch_size:
+                break
+        pool = [b for b in kept + dropped if len(b)]
+        exp = Experience.concat(pool, self.tokenizer.pad_token_id).select(0, args.rollout_batch_size)
+        return exp, {"rollout_seconds": seconds, "gen_batches": generated, "kept_group_frac": sum(map(len, kept)) / (generated * args.rollout_batch_size)}
+
+    def score(self, exp):
+        """exp.scores from the reward source; exp.rewards after penalties, normalisation and clipping."""
+        args = self.args
+        with self.autocast_smart_context_manager():
+            exp.scores = paddle.to_tensor(self.reward_scorer.score(exp), dtype="float32")
+        rewards = exp.scores
+        if args.missing_eos_penalty:
+            rewards = rewards + missing_eos_penalty(exp.finished, args.missing_eos_penalty)
+        if args.overlong_reward_buffer:
+            lengths = exp.response_mask.sum(axis=-1)
+            rewards = rewards + overlong_penalty(lengths, args.max_dec_len, args.overlong_reward_buffer, args.overlong_penalty_factor)
+        if self.reward_normalizer is not None:
+            self.reward_normalizer.update(rewards.unsqueeze(-1))
+            rewards = self.reward_normalizer.normalize(rewards.unsqueeze(-1)).squeeze(-1)
+        exp.rewards = rewards.clip(-args.clip_range_score, args.clip_range_score)
 
     @paddle.no_grad()
     def compute_logprobs(self, model, exp):
@@ -182,31 +277,59 @@ class PPOTrainer(Trainer):
             chunks.append(gather_logprobs(logits, response_labels(micro)))
         return paddle.concat(chunks, axis=0)
 
-    def update_policy(self, exp):
-        """`update_iters` passes over micro-batches, one optimizer step every `gradient_accumulation_steps`."""
+    @paddle.no_grad()
+    def compute_values(self, exp):
+        """Critic values at rollout time, in micro-batches: [B, R]."""
+        size = self.args.per_device_train_batch_size
+        self.critic.eval()
+        chunks = []
+        for start in range(0, len(exp), size):
+            with self.autocast_smart_context_manager():
+                chunks.append(response_values(self.critic, exp.select(start, start + size)))
+        self.critic.train()
+        return paddle.concat(chunks, axis=0) * exp.response_mask
+
+    def update(self, exp):
+        """`update_iters` passes over micro-batches, one optimizer step of the actor (and critic) every
+        `gradient_accumulation_steps`."""
         args = self.args
         size, accumulate = args.per_device_train_batch_size, args.gradient_accumulation_steps
         self.model.train()
-        sums, count, grad_norms = {}, 0, []
+        sums, count, grad_norms = {}, 0, {"grad_norm": [], "critic_grad_norm": []}
         starts = [s for _ in range(args.update_iters) for s in range(0, len(exp), size)]
         for i, start in enumerate(starts):
             steps_now = (i + 1) % accumulate == 0
-            sync = contextlib.nullcontext() if steps_now or not is_distributed() else self.model_wrapped.no_sync()
-            with sync:
-                loss, stats = self.policy_loss(exp.select(start, start + size))
-                (loss / accumulate).backward()
+            micro = exp.select(start, start + size)
+            stats = self.backward(self.model_wrapped, self.policy_loss, micro, steps_now)
+            if self.critic is not None:
+                stats |= self.backward(self.critic_wrapped, self.value_loss, micro, steps_now)
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + float(value)
             count += 1
             if steps_now:
-                grad_norms.append(self.optimizer_step())
+                grad_norms["grad_norm"].append(self.optimizer_step(self.model, self.optimizer, self.lr_scheduler))
+                if self.critic is not None:
+                    critic_norm = self.optimizer_step(self.critic, self.critic_optimizer, self.critic_lr_scheduler)
+                    grad_norms["critic_grad_norm"].append(critic_norm)
         metrics = mean_over_ranks({k: v / count for k, v in sums.items()})
-        metrics["grad_norm"] = float(np.mean(grad_norms))
+        metrics |= {name: float(np.mean(norms)) for name, norms in grad_norms.items() if norms}
         metrics["lr"] = self.lr_scheduler.get_lr()
+        if self.critic is not None:
+            metrics["critic_lr"] = self.critic_lr_scheduler.get_lr()
         return metrics
 
+    def backward(self, wrapped, loss_fn, micro, steps_now):
+        """Backward of `loss_fn(micro)` scaled for accumulation; gradients are synchronised across data-parallel
+        ranks only on the micro-batch that steps."""
+        sync = contextlib.nullcontext() if steps_now or not is_distributed() else wrapped.no_sync()
+        with sync:
+            loss, stats = loss_fn(micro)
+            (loss / self.args.gradient_accumulation_steps).backward()
+        return stats
+
     def policy_loss(self, micro):
-        """Policy loss plus the KL-to-reference term minus the entropy bonus, aggregated over response tokens."""
+        """Policy loss plus the KL-to-reference term minus the entropy bonus, aggregated over response tokens,
+        plus ptx_coeff x the language-model loss of a ptx micro-batch."""
         args = self.args
         with self.autocast_smart_context_manager():
             logits = response_logits(self.model_wrapped, micro)
@@ -227,35 +350,62 @@ class PPOTrainer(Trainer):
         if args.entropy_coeff > 0:
             loss = loss - args.entropy_coeff * self.aggregate(token_entropy, micro.response_mask)
         stats["entropy"] = masked_mean(token_entropy.detach(), micro.response_mask)
-        stats["policy_loss"] = policy_loss
+        stats["loss/policy_avg"] = policy_loss.detach()
+        if self.ptx_batches is not None:
+            with self.autocast_smart_context_manager():
+                ptx_loss = self.model_wrapped(**next(self.ptx_batches), return_dict=True).loss
+            loss = loss + args.ptx_coeff * ptx_loss
+            stats["loss/ptx"] = ptx_loss.detach()
         return loss, stats
 
-    def optimizer_step(self):
+    def value_loss(self, micro):
+        """The critic's clipped value loss against the returns, aggregated over response tokens."""
+        with self.autocast_smart_context_manager():
+            values = response_values(self.critic_wrapped, micro)
+        token_loss, stats = clipped_value_loss(values, micro.values, micro.returns, micro.response_mask, self.args.clip_range_value)
+        loss = self.aggregate(token_loss, micro.response_mask)
+        stats["loss/value_avg"] = loss.detach()
+        return loss, stats
+
+    @staticmethod
+    def optimizer_step(model, optimizer, lr_scheduler):
         """Clip (by the optimizer's global-norm clip), step, schedule; returns the pre-clip gradient norm."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
         grad_norm = float(paddle.sqrt(sum((g.astype("float32") ** 2).sum() for g in grads)))
-        self.optimizer.step()
-        self.lr_scheduler.step()
-        self.optimizer.clear_grad()
+        optimizer.step()
+        lr_scheduler.step()
+        optimizer.clear_grad()
         return grad_norm
 
     # ---- metrics, samples, evaluation ---------------------------------------------------------------
 
-    def rollout_metrics(self, exp, scores, rollout_seconds):
+    def rollout_metrics(self, exp, generation):
+        """Metrics of the experience, averaged over ranks (TRL PPOv2's `objective/*`, `val/*` among them)."""
+        args = self.args
         lengths = exp.response_mask.sum(axis=1)
         rewards = exp.rewards.numpy()
-        groups = rewards.reshape(-1, self.args.rollout_n)
+        groups = rewards.reshape(-1, args.rollout_n)
         local = {
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()),
-            "accuracy": float(np.mean([s >= self.reward_scorer.max_score for s in scores])),
             "zero_std_group_frac": float(np.mean(groups.std(axis=1) == 0)),
             "response_length_mean": float(lengths.mean()),
             "response_clipped_ratio": float(1.0 - exp.finished.astype("float32").mean()),
         }
+        if self.reward_scorer.max_score is not None:
+            local["accuracy"] = float((exp.scores >= self.reward_scorer.max_score).astype("float32").mean())
+        local |= rlhf_objective_metrics(exp.scores, exp.response_mask, exp.old_logprobs, exp.ref_logprobs, args.kl_coeff)
+        if exp.values is not None:
+            local["val/value_mean"] = float(masked_mean(exp.values, exp.response_mask))
+            local["val/explained_variance"] = float(explained_variance(exp.values, exp.returns, exp.response_mask))
+        local |= {f"dynamic_sampling/{k}": v for k, v in generation.items() if k != "rollout_seconds"}
         metrics = mean_over_ranks(local)
+        totals = all_reduce_scalars(
+            {"rate": float(lengths.sum()) / max(generation["rollout_seconds"], 1e-9), "eos": float(exp.finished.astype("float32").sum())}
+        )
         # Ranks decode at the same time, so their rates add up.
-        metrics["rollout_tokens_per_s"] = all_reduce_scalars({"rate": float(lengths.sum()) / max(rollout_seconds, 1e-9)})["rate"]
+        metrics["rollout_tokens_per_s"] = totals["rate"]
+        metrics["val/num_eos_tokens"] = totals["eos"]
         metrics["response_length_max"] = all_reduce_scalars({"max": float(lengths.max())}, op=dist.ReduceOp.MAX)["max"]
         return metrics
 
@@ -275,7 +425,8 @@ class PPOTrainer(Trainer):
                 writer.add_text("samples", table, self.state.global_step)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
-        """Greedy accuracy and mean reward on this rank's share of the eval prompts, summed over ranks."""
+        """Greedy accuracy (when the reward has a max score) and mean reward on this rank's share of the eval
+        prompts, summed over ranks."""
         dataset = eval_dataset or self.eval_dataset
         # Every prompt exactly once over all ranks (no padding repeats), so the counts are exact.
         shard = list(range(dist.get_rank() if is_distributed() else 0, len(dataset), self.args.world_size))
@@ -286,36 +437,53 @@ class PPOTrainer(Trainer):
             with self.autocast_smart_context_manager():
                 items = [dataset[i] for i in shard[start : start + size]]
                 exp = generate_rollouts(self.model, self.tokenizer, items, 1, greedy, self.args.use_fusemt)
-            scores = self.reward_scorer.score(exp.prompts, exp.labels, exp.responses)
-            totals["correct"] += sum(s >= self.reward_scorer.max_score for s in scores)
+                scores = self.reward_scorer.score(exp)
+            if self.reward_scorer.max_score is not None:
+                totals["correct"] += sum(s >= self.reward_scorer.max_score for s in scores)
             totals["reward"] += sum(scores)
             totals["count"] += len(scores)
         totals = all_reduce_scalars(totals)
-        return {
-            f"{metric_key_prefix}_accuracy": totals["correct"] / totals["count"],
-            f"{metric_key_prefix}_reward_mean": totals["reward"] / totals["count"],
-        }
+        metrics = {f"{metric_key_prefix}_reward_mean": totals["reward"] / totals["count"]}
+        if self.reward_scorer.max_score is not None:
+            metrics[f"{metric_key_prefix}_accuracy"] = totals["correct"] / totals["count"]
+        return metrics
 
     # ---- checkpoints --------------------------------------------------------------------------------
 
-    def save_policy(self, path):
-        """Write a `from_pretrained`-loadable policy to `path` atomically: a temp folder, then a rename."""
+    def save_models(self, folder):
+        """The policy to `folder/policy` and the critic (when there is one) to `folder/value`, each
+        `from_pretrained`-loadable with the tokenizer beside it."""
+        for name, model in [("policy", self.model), ("value", self.critic)]:
+            if model is not None:
+                model.save_pretrained(os.path.join(folder, name))
+                self.tokenizer.save_pretrained(os.path.join(folder, name))
+
+    def save_final_models(self):
+        """output_dir/policy and output_dir/value, each written to a temp folder and renamed when complete."""
         if self.is_world_process_zero():
-            with atomic_directory(path) as tmp:
-                self.model.save_pretrained(tmp)
-                self.tokenizer.save_pretrained(tmp)
+            for name, model in [("policy", self.model), ("value", self.critic)]:
+                if model is not None:
+                    with atomic_directory(os.path.join(self.args.output_dir, name)) as tmp:
+                        model.save_pretrained(tmp)
+                        self.tokenizer.save_pretrained(tmp)
         barrier()
 
     def save_checkpoint(self):
-        """output_dir/checkpoint-N: policy, optimizer, scheduler, trainer state and every rank's RNG state."""
+        """output_dir/checkpoint-N: policy (and value), their optimizers and schedulers, the reward normalizer,
+        trainer state and every rank's RNG state."""
         path = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
         rng_states = collect_rng_states()
         if self.is_world_process_zero():
             with atomic_directory(path) as tmp:
-                self.model.save_pretrained(os.path.join(tmp, "policy"))
-                self.tokenizer.save_pretrained(os.path.join(tmp, "policy"))
+                self.save_models(tmp)
                 paddle.save(optimizer_state_by_structured_name(self.optimizer, self.model), os.path.join(tmp, OPTIMIZER_FILE))
                 paddle.save(self.lr_scheduler.state_dict(), os.path.join(tmp, SCHEDULER_FILE))
+                if self.critic is not None:
+                    critic_state = optimizer_state_by_structured_name(self.critic_optimizer, self.critic)
+                    paddle.save(critic_state, os.path.join(tmp, CRITIC_OPTIMIZER_FILE))
+                    paddle.save(self.critic_lr_scheduler.state_dict(), os.path.join(tmp, CRITIC_SCHEDULER_FILE))
+                if self.reward_normalizer is not None:
+                    paddle.save(self.reward_normalizer.state_dict(), os.path.join(tmp, REWARD_NORMALIZER_FILE))
                 self.state.save_to_json(os.path.join(tmp, STATE_FILE))
                 world = len(rng_states)
                 rng_file = "rng_state.pth" if world == 1 else f"rng_state_{world}.pth"
@@ -335,13 +503,22 @@ class PPOTrainer(Trainer):
             shutil.rmtree(os.path.join(self.args.output_dir, f"checkpoint-{step}"))
 
     def load_checkpoint(self, path):
-        """Restore optimizer, scheduler, RNG and step from a checkpoint folder; the policy weights were
-        loaded from `path/policy` by run_ppo. Returns the step to continue from."""
-        for name in [OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE]:
+        """Restore optimizers, schedulers, reward normalizer, RNG and step from a checkpoint folder; the policy
+        and value weights were loaded from `path/policy` and `path/value` by run_ppo. Returns the step to
+        continue from."""
+        needed = [OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE]
+        needed += [CRITIC_OPTIMIZER_FILE, CRITIC_SCHEDULER_FILE] if self.critic is not None else []
+        needed += [REWARD_NORMALIZER_FILE] if self.reward_normalizer is not None else []
+        for name in needed:
             if not os.path.isfile(os.path.join(path, name)):
                 raise FileNotFoundError(f"resume_from_checkpoint={path} is not a complete checkpoint: {name} is missing")
         load_optimizer_state(self.optimizer, self.model, paddle.load(os.path.join(path, OPTIMIZER_FILE)))
         self.lr_scheduler.set_state_dict(paddle.load(os.path.join(path, SCHEDULER_FILE)))
+        if self.critic is not None:
+            load_optimizer_state(self.critic_optimizer, self.critic, paddle.load(os.path.join(path, CRITIC_OPTIMIZER_FILE)))
+            self.critic_lr_scheduler.set_state_dict(paddle.load(os.path.join(path, CRITIC_SCHEDULER_FILE)))
+        if self.reward_normalizer is not None:
+            self.reward_normalizer.set_state_dict(paddle.load(os.path.join(path, REWARD_NORMALIZER_FILE)))
         self._load_rng_state(path)
         step = TrainerState.load_from_json(os.path.join(path, STATE_FILE)).global_step
         logger.info(f"resumed from {path} at step {step}")

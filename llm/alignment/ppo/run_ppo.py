@@ -17,28 +17,61 @@ from paddlenlp.utils.log import logger
 
 from llm.alignment.ppo.arguments import parse_arguments
 from llm.alignment.ppo.comm_utils import finish_distributed_run
-from llm.alignment.ppo.data import PromptDataset
+from llm.alignment.ppo.data import PromptOnlyDataset, SupervisedDataset
+from llm.alignment.ppo.models.score_model import AutoModelForScore
 from llm.alignment.ppo.ppo_trainer import PPOTrainer
 from llm.alignment.ppo.rewards.scoring import build_reward_scorer
 
 
+def frozen(model):
+    model.eval()
+    for parameter in model.parameters():
+        parameter.stop_gradient = True
+    return model
+
+
+def checkpoint_or(path, training_args, name):
+    """`path`, or the `name` folder of the checkpoint being resumed."""
+    if not training_args.resume_from_checkpoint:
+        return path
+    folder = os.path.join(training_args.resume_from_checkpoint, name)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"resume_from_checkpoint={training_args.resume_from_checkpoint} has no {name}/ folder")
+    return folder
+
+
 def load_models(model_args, training_args):
-    """The actor (from the checkpoint when resuming) and, when a KL term needs it, a frozen reference."""
-    actor_path = model_args.actor_model_name_or_path
-    if training_args.resume_from_checkpoint:
-        actor_path = os.path.join(training_args.resume_from_checkpoint, "policy")
-        if not os.path.isdir(actor_path):
-            raise FileNotFoundError(f"resume_from_checkpoint={training_args.resume_from_checkpoint} has no policy/ folder")
-    actor = AutoModelForCausalLM.from_pretrained(actor_path)
+    """The actor and critic (from the checkpoint when resuming), and the frozen reference and reward models
+    the config calls for. The critic starts from `reward_critic_model_name_or_path`, else the reward model,
+    else the actor's backbone (with a fresh score head)."""
+    actor = AutoModelForCausalLM.from_pretrained(checkpoint_or(model_args.actor_model_name_or_path, training_args, "policy"))
     reference = None
     if training_args.uses_reference_model:
-        reference = AutoModelForCausalLM.from_pretrained(
-            model_args.reference_model_name_or_path or model_args.actor_model_name_or_path
+        reference = frozen(
+            AutoModelForCausalLM.from_pretrained(model_args.reference_model_name_or_path or model_args.actor_model_name_or_path)
         )
-        reference.eval()
-        for parameter in reference.parameters():
-            parameter.stop_gradient = True
-    return actor, reference
+    reward_model = None
+    if model_args.reward_model_name_or_path:
+        reward_model = frozen(AutoModelForScore.from_pretrained(model_args.reward_model_name_or_path))
+    critic = None
+    if training_args.uses_critic:
+        initial = model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path or model_args.actor_model_name_or_path
+        critic = AutoModelForScore.from_pretrained(
+            checkpoint_or(initial, training_args, "value"), score_type="critic", do_normalize=False
+        )
+        if training_args.critic_recompute:
+            critic.recompute_enable()
+    return actor, reference, reward_model, critic
+
+
+def load_tokenizer(path):
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        # Llama 3 ships no pad token. EOS is a safe pad here: prompts are padded under a zero attention
+        # mask, and response masks end at the first EOS.
+        logger.info(f"the tokenizer of {path} has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def build_trainer(argv):
@@ -46,19 +79,17 @@ def build_trainer(argv):
     model_args, data_args, training_args = parse_arguments(argv)
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.actor_model_name_or_path)
-    if tokenizer.pad_token_id is None:
-        # Llama 3 ships no pad token. EOS is a safe pad here: prompts are padded under a zero attention
-        # mask, and response masks end at the first EOS.
-        logger.info(f"the tokenizer has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
-        tokenizer.pad_token = tokenizer.eos_token
-    actor, reference = load_models(model_args, training_args)
+    tokenizer = load_tokenizer(model_args.tokenizer_name_or_path or model_args.actor_model_name_or_path)
+    actor, reference, reward_model, critic = load_models(model_args, training_args)
+    columns = {"seed": training_args.seed, "prompt_key": data_args.prompt_key, "label_key": data_args.label_key}
 
-    def prompts(paths, max_samples=0):
-        return PromptDataset(
-            paths, tokenizer, data_args.max_prompt_len, data_args.prompt_key, data_args.label_key, max_samples
+    def prompts(datasets, max_samples=0):
+        # Rule rewards and the reward server compare responses with the reference answer.
+        return PromptOnlyDataset(
+            datasets, tokenizer, data_args.max_prompt_len, max_samples, require_label=reward_model is None, **columns
         )
 
+    reward_tokenizer = load_tokenizer(model_args.reward_model_name_or_path) if reward_model is not None else None
     return PPOTrainer(
         model=actor,
         reference_model=reference,
@@ -66,7 +97,9 @@ def build_trainer(argv):
         args=training_args,
         train_dataset=prompts(data_args.train_datasets),
         eval_dataset=prompts(data_args.eval_datasets, data_args.max_eval_samples) if data_args.eval_datasets else None,
-        reward_scorer=build_reward_scorer(training_args),
+        reward_scorer=build_reward_scorer(training_args, reward_model, reward_tokenizer),
+        critic_model=critic,
+        ptx_dataset=SupervisedDataset(data_args.ptx_datasets, tokenizer, data_args.max_length, **columns) if data_args.ptx_datasets else None,
     )
 
 

@@ -1,5 +1,13 @@
-"""Where rewards come from during training: a rule function in-process, or the reward server."""
+"""Where rewards come from during training: a rule function in-process, the reward server, or a reward model.
 
+Every scorer maps an Experience (texts, and the finished flags) to one float per response. `max_score`
+is the score of a fully correct response (None for a reward model, whose scale is learnt), which the
+trainer uses to report accuracy.
+"""
+
+import paddle
+
+from llm.alignment.ppo.data.datasets import encode_completion, pad_right
 from llm.alignment.ppo.rewards import get_reward_task
 
 
@@ -10,8 +18,8 @@ class RuleRewardScorer:
         self.task = get_reward_task(task_name)
         self.max_score = self.task.max_score
 
-    def score(self, prompts, labels, responses):
-        return [float(self.task.score(p, l, r)) for p, l, r in zip(prompts, labels, responses)]
+    def score(self, exp):
+        return [float(self.task.score(p, l, r)) for p, l, r in zip(exp.prompts, exp.labels, exp.responses)]
 
 
 class ServerRewardScorer:
@@ -21,11 +29,36 @@ class ServerRewardScorer:
         self.client = client
         self.max_score = float(client.health()["max_score"])
 
-    def score(self, prompts, labels, responses):
-        return self.client.score(prompts, labels, responses)
+    def score(self, exp):
+        return self.client.score(exp.prompts, exp.labels, exp.responses)
 
 
-def build_reward_scorer(args):
+class RewardModelScorer:
+    """Scores with a reward model (`reward_model_name_or_path`): its end score of prompt + response, with
+    EOS when the response emitted one, tokenized by the reward model's own tokenizer as in its training."""
+
+    max_score = None
+
+    def __init__(self, model, tokenizer, batch_size):
+        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+
+    @paddle.no_grad()
+    def score(self, exp):
+        finished = exp.finished.numpy().tolist()
+        sequences = [
+            encode_completion(self.tokenizer, p, r, add_eos=f) for p, r, f in zip(exp.prompts, exp.responses, finished)
+        ]
+        scores = []
+        for start in range(0, len(sequences), self.batch_size):
+            input_ids, attention_mask = pad_right(sequences[start : start + self.batch_size], self.tokenizer.pad_token_id)
+            end_scores = self.model(input_ids=input_ids, attention_mask=attention_mask).end_scores
+            scores.extend(end_scores[:, 0].astype("float32").numpy().tolist())
+        return scores
+
+
+def build_reward_scorer(args, reward_model=None, reward_tokenizer=None):
+    if reward_model is not None:
+        return RewardModelScorer(reward_model, reward_tokenizer, args.per_device_train_batch_size)
     if args.use_rule_reward:
         return RuleRewardScorer(args.reward_task)
     from llm.alignment.ppo.reward_client import RewardServerClient

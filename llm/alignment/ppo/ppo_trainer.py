@@ -241,13 +241,14 @@ class PPOTrainer(Trainer):
             if not args.max_gen_batches:
                 return exp, {"rollout_seconds": seconds}
             keep = groups_with_reward_variance(exp.rewards, exp.group_index).numpy()
-            kept.append(exp.take(np.flatnonzero(keep).tolist()))
-            dropped.append(exp.take(np.flatnonzero(~keep).tolist()))
-            if sum(len(b) for b in kept) >= args.rollout_batch_size:
+            for pool, rows in [(kept, np.flatnonzero(keep)), (dropped, np.flatnonzero(~keep))]:
+                if len(rows):
+                    pool.append(exp.take(rows.tolist()))
+            if sum(map(len, kept)) >= args.rollout_batch_size:
                 break
-        pool = [b for b in kept + dropped if len(b)]
-        exp = Experience.concat(pool, self.tokenizer.pad_token_id).select(0, args.rollout_batch_size)
-        return exp, {"rollout_seconds": seconds, "gen_batches": generated, "kept_group_frac": sum(map(len, kept)) / (generated * args.rollout_batch_size)}
+        exp = Experience.concat(kept + dropped, self.tokenizer.pad_token_id).select(0, args.rollout_batch_size)
+        kept_share = sum(map(len, kept)) / (generated * args.rollout_batch_size)
+        return exp, {"rollout_seconds": seconds, "gen_batches": generated, "kept_group_frac": kept_share}
 
     def score(self, exp):
         """exp.scores from the reward source; exp.rewards after penalties, normalisation and clipping."""

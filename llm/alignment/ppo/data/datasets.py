@@ -133,50 +133,50 @@ class SupervisedDataset(TokenizedDataset):
         return {"input_ids": tokens[:-1], "labels": labels[: len(tokens) - 1]}
 
 
-class PreferenceDataset(TokenizedDataset):
-    """Pairs for reward-model training: item = {"better_input_ids", "worse_input_ids"}, prompt + reply + EOS,
-    cut to `max_length`. Pairs whose two sequences are identical teach nothing and are dropped."""
+class PairDataset(TokenizedDataset):
+    """Two replies to one prompt, each tokenized as prompt + reply + EOS and cut to `max_length`; pairs whose
+    two sequences are identical teach nothing and are dropped. Subclasses name the FIELDS they need."""
 
-    FIELDS = ("answer", "other_answer", "better")
+    FIELDS = ("answer", "other_answer")
 
     def __init__(self, datasets, tokenizer, max_length, **options):
         self.max_length = max_length
         super().__init__(datasets, tokenizer, **options)
 
-    def build(self, sample, where):
+    def encode_pair(self, sample, where):
+        """(ids of answer, ids of other_answer), or None when they are the same."""
         require(sample, self.FIELDS, where)
         prompt = format_prompt(self.tokenizer, sample)
         first, second = (encode_completion(self.tokenizer, prompt, a)[: self.max_length] for a in (sample.answer, sample.other_answer))
-        if first == second:
+        return None if first == second else (first, second)
+
+
+class PreferenceDataset(PairDataset):
+    """Pairs for reward-model training: item = {"better_input_ids", "worse_input_ids"}."""
+
+    FIELDS = ("answer", "other_answer", "better")
+
+    def build(self, sample, where):
+        pair = self.encode_pair(sample, where)
+        if pair is None:
             return None
-        better, worse = (first, second) if sample.better else (second, first)
+        better, worse = pair if sample.better else pair[::-1]
         return {"better_input_ids": better, "worse_input_ids": worse}
 
 
-class SafetyPreferenceDataset(TokenizedDataset):
+class SafetyPreferenceDataset(PairDataset):
     """Pairs for cost-model training: item = {"safer_input_ids", "unsafer_input_ids", "safer_sign",
     "unsafer_sign"}, the sign +1 for a safe reply and -1 for an unsafe one (safe-rlhf's convention)."""
 
     FIELDS = ("answer", "other_answer", "safer", "is_safe", "is_other_safe")
 
-    def __init__(self, datasets, tokenizer, max_length, **options):
-        self.max_length = max_length
-        super().__init__(datasets, tokenizer, **options)
-
     def build(self, sample, where):
-        require(sample, self.FIELDS, where)
-        prompt = format_prompt(self.tokenizer, sample)
-        first = (encode_completion(self.tokenizer, prompt, sample.answer)[: self.max_length], sample.is_safe)
-        second = (encode_completion(self.tokenizer, prompt, sample.other_answer)[: self.max_length], sample.is_other_safe)
-        if first[0] == second[0]:
+        pair = self.encode_pair(sample, where)
+        if pair is None:
             return None
-        (safer, safer_is_safe), (unsafer, unsafer_is_safe) = (first, second) if sample.safer else (second, first)
-        return {
-            "safer_input_ids": safer,
-            "unsafer_input_ids": unsafer,
-            "safer_sign": 1 if safer_is_safe else -1,
-            "unsafer_sign": 1 if unsafer_is_safe else -1,
-        }
+        signs = (1 if sample.is_safe else -1, 1 if sample.is_other_safe else -1)
+        (safer, safer_sign), (unsafer, unsafer_sign) = zip(pair, signs) if sample.safer else zip(pair[::-1], signs[::-1])
+        return {"safer_input_ids": safer, "unsafer_input_ids": unsafer, "safer_sign": safer_sign, "unsafer_sign": unsafer_sign}
 
 
 def pad_right(sequences, pad_id):

@@ -1,6 +1,6 @@
 import pytest
 
-from helpers import build_tiny_world, train_reward_model
+from helpers import DEMO_WORLD, build_tiny_world, train_reward_model
 
 
 @pytest.fixture(scope="session")
@@ -10,6 +10,20 @@ def tiny_world(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_reward_model(tiny_world, tmp_path_factory):
-    """A reward model trained from the tiny world's SFT model on its preference pairs: (path, eval metrics)."""
+    """A reward model briefly trained from the tiny world's SFT model on its preference pairs, for the
+    mechanics of reward-model rewards and critics: (path, eval metrics)."""
     output_dir = str(tmp_path_factory.mktemp("reward_model"))
-    return output_dir, train_reward_model(tiny_world, output_dir)
+    return output_dir, train_reward_model(tiny_world, output_dir, max_steps=60)
+
+
+@pytest.fixture(scope="session")
+def demo_world(tmp_path_factory):
+    """The tiny demo's world (4-layer model, its data and SFT): slow to build, for the stage tests."""
+    return build_tiny_world(str(tmp_path_factory.mktemp("demo_world")), **DEMO_WORLD)
+
+
+@pytest.fixture(scope="session")
+def demo_reward_model(demo_world, tmp_path_factory):
+    """Stage 2 of the tiny pipeline on the demo's world, as config/tiny/rm_argument.json sets it: (path, eval metrics)."""
+    output_dir = str(tmp_path_factory.mktemp("demo_reward_model"))
+    return output_dir, train_reward_model(demo_world, output_dir)

@@ -32,23 +32,24 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SFT_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "sft_argument.json")
 
 
-def build_tiny_world(root):
-    """Tokenizer, a tiny Qwen2 (2 layers) briefly fine-tuned by run_finetune on the arith demonstrations,
-    and the arith data, under `root`; returns the paths. The SFT makes rewards non-zero from the start."""
+def build_tiny_world(root, hidden_size=64, num_layers=2, sft_steps=200, sft_learning_rate=5e-3, num_eval=64, num_sft=4096):
+    """Tokenizer, a tiny Qwen2 (2 layers by default) briefly fine-tuned by run_finetune on the arith
+    demonstrations, and the arith data, under `root`; returns the paths. The SFT makes rewards non-zero
+    from the start. With DEMO_WORLD's settings it is the tiny demo's world, step for step."""
     tokenizer_dir = os.path.join(root, "tokenizer")
     random_dir = os.path.join(root, "random_model")
     sft_dir = os.path.join(root, "sft_model")
     build_tokenizer(tokenizer_dir)
-    build_tiny_model(tokenizer_dir, random_dir, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
-    generate(os.path.join(root, "data"), num_eval=64, num_sft=4096)
+    build_tiny_model(tokenizer_dir, random_dir, hidden_size=hidden_size, num_layers=num_layers, num_heads=4, num_kv_heads=2)
+    generate(os.path.join(root, "data"), num_eval=num_eval, num_sft=num_sft)
     sft_overrides = {
         "model_name_or_path": random_dir,
         "dataset_name_or_path": os.path.join(root, "data", "sft"),
         "output_dir": sft_dir,
         "logging_dir": os.path.join(root, "sft_vdl"),
-        "max_steps": 200,
+        "max_steps": sft_steps,
         "per_device_train_batch_size": 64,
-        "learning_rate": 5e-3,
+        "learning_rate": sft_learning_rate,
         "logging_steps": 20,
     }
     run_finetune.main([SFT_CONFIG] + [t for k, v in sft_overrides.items() for t in (f"--{k}", str(v))])
@@ -64,19 +65,21 @@ def build_tiny_world(root):
     }
 
 
+# The tiny demo's model, data and SFT (llm/tools/tiny_demo.py with config/tiny/sft_argument.json).
+DEMO_WORLD = {"hidden_size": 128, "num_layers": 4, "sft_steps": 400, "sft_learning_rate": 3e-3, "num_eval": 200, "num_sft": 20000}
+
 RM_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "rm_argument.json")
 
 
 def train_reward_model(world, output_dir, **changes):
-    """run_reward on the tiny world's preference pairs (config/tiny/rm_argument.json, shortened); returns the
-    final eval metrics."""
+    """run_reward on the world's preference pairs with config/tiny/rm_argument.json (its 300 steps unless
+    `changes` say otherwise); returns the final eval metrics."""
     values = {
         "model_name_or_path": world["model"],
         "train_datasets": world["pref_train"],
         "eval_datasets": world["pref_eval"],
         "output_dir": output_dir,
         "logging_dir": os.path.join(output_dir, "vdl"),
-        "max_steps": 300,
         "eval_steps": 1000,
         "logging_steps": 20,
         **changes,

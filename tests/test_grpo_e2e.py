@@ -98,6 +98,15 @@ def test_reinforce_plus_plus_with_kl_in_the_reward_trains(tiny_world, tmp_path):
     assert all(np.isfinite(v).all() for v in trained.values())
 
 
+def test_evaluation_only_run_writes_eval_results_and_trains_nothing(tiny_world, tmp_path):
+    run_grpo(tiny_world, tmp_path, do_eval=True)
+    metrics = json.loads((tmp_path / "eval_results.json").read_text())
+    assert 0.0 <= metrics["eval_accuracy"] <= 1.0
+    assert not (tmp_path / "policy").exists() and not any(n.startswith("checkpoint-") for n in os.listdir(tmp_path))
+    with pytest.raises(ValueError, match="set eval_datasets"):
+        run_ppo.main([TINY_CONFIG, *overrides(tiny_world, str(tmp_path), do_eval=True, eval_datasets="")])
+
+
 def test_run_stops_when_the_reward_server_is_down(tiny_world, tmp_path):
     dead_url = "http://127.0.0.1:9"  # the discard port: nothing listens on it here
     with pytest.raises(RewardServerError, match="unreachable"):

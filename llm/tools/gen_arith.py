@@ -5,8 +5,9 @@ Writes, from one shuffle of all 1000 prompts:
   rl/eval.jsonl    held-out prompts (never seen in SFT or RL) for greedy accuracy
   sft/train.json   demonstrations for SFT, a fraction of them wrong (a careless annotator)
   sft/dev.json     correct demonstrations on held-out prompts, for the SFT eval loss
-  pref/train.jsonl preference pairs for reward-model training: the right sum against a slip of the
-  pref/eval.jsonl  careless annotator, in random order (`better` says which is right); eval on held-out prompts
+  pref/train.jsonl preference pairs for reward-model training: the right sum against a wrong one (the
+  pref/eval.jsonl  annotator's dropped carry and other slips), in random order (`better` says which is right);
+                   eval on held-out prompts
 
 The demonstrations come from a careless annotator: on sums that carry (>= 10) it drops the carry with
 probability `carry_slip_rate` (writing 13 as 3), and any answer is off by one with probability `error_rate`.
@@ -45,10 +46,12 @@ def noisy_demonstrations(triples, num_samples, carry_slip_rate, error_rate, rng)
 
 
 def wrong_answer(total, rng):
-    """The careless annotator's usual slip: the dropped carry on carrying sums, else off by one."""
-    if total >= 10:
+    """A wrong sum: the careless annotator's dropped carry on half of the carrying sums, else one of the
+    other slips a policy makes (a spurious carry, off by one or two), so a reward model learns the sum
+    itself rather than a shortcut such as the number of digits."""
+    if total >= 10 and rng.random() < 0.5:
         return total - 10
-    return total + 1 if total == 0 else total + rng.choice([-1, 1])
+    return rng.choice([w for w in (total + 10, total - 2, total - 1, total + 1, total + 2) if w >= 0])
 
 
 def preference_rows(triples, rng, pairs_per_prompt=1):

@@ -105,7 +105,14 @@ def build_trainer(argv):
 
 def main(argv):
     trainer = build_trainer(argv)
-    trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
+    if trainer.args.do_eval and not trainer.args.do_train:
+        # PaddleNLP's evaluation-only run: greedy eval of the actor, written to output_dir/eval_results.json.
+        if trainer.eval_dataset is None:
+            raise ValueError("do_eval without do_train evaluates the actor: set eval_datasets")
+        os.makedirs(trainer.args.logging_dir, exist_ok=True)
+        trainer.log_evaluation("eval")
+    else:
+        trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
     finish_distributed_run()
 
 

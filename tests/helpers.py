@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 import threading
 from contextlib import contextmanager
 
@@ -87,3 +89,17 @@ def train_reward_model(world, output_dir, **changes):
     run_reward.main([RM_CONFIG, *[token for key, value in values.items() for token in (f"--{key}", str(value))]])
     with open(os.path.join(output_dir, "eval_results.json")) as f:
         return json.load(f)
+
+
+def launch_two_processes(config, argv, log_dir):
+    """run_ppo.py `config` `argv` under `paddle.distributed.launch --nproc_per_node 2`; asserts it exits 0
+    (showing the tails of its logs if not) and returns the two ranks' worker logs."""
+    command = [
+        sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(log_dir),
+        os.path.join(REPO_ROOT, "llm", "alignment", "ppo", "run_ppo.py"), config, *argv,
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    logs = {rank: (log_dir / f"workerlog.{rank}").read_text(errors="replace") for rank in (0, 1)}
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + logs[0][-3000:] + logs[1][-3000:]
+    return logs

@@ -3,15 +3,13 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
-from helpers import running_reward_server
+from helpers import launch_two_processes, running_reward_server
 from llm.alignment.ppo import run_ppo
 from llm.alignment.ppo.data import PromptOnlyDataset
 from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
@@ -68,7 +66,7 @@ def test_three_grpo_steps_through_the_reward_server(tiny_world, tmp_path):
     assert any(not np.array_equal(trained[k], initial[k]) for k in trained)
     assert not any(name.startswith(".tmp-") for name in os.listdir(tmp_path))
     assert sorted(os.listdir(tmp_path / "checkpoint-3")) == [
-        "optimizer.pdopt", "policy", "rng_state.pth", "scheduler.pdparams", "trainer_state.json"
+        "data_state.json", "optimizer.pdopt", "policy", "rng_state.pth", "scheduler.pdparams", "trainer_state.json"
     ]
     for split in ["initial_eval", "eval"]:
         metrics = json.loads((tmp_path / f"{split}_results.json").read_text())
@@ -118,8 +116,9 @@ def test_run_stops_when_the_reward_server_is_down(tiny_world, tmp_path):
 
 
 def test_fixed_seed_runs_are_identical_and_resume_continues_exactly(tiny_world, tmp_path):
-    # Two optimizer steps per RL step (update_iters=2), so old log-probs come from a separate forward.
-    common = {"max_steps": 4, "update_iters": 2, "eval_steps": 0}
+    # Two optimizer steps per RL step (update_iters=2), so old log-probs come from a separate forward;
+    # dynamic sampling draws a varying number of prompt batches per step, which resume must replay.
+    common = {"max_steps": 4, "update_iters": 2, "eval_steps": 0, "max_gen_batches": 3}
     run_grpo(tiny_world, tmp_path / "straight", **common)
     run_grpo(tiny_world, tmp_path / "again", **common)
     straight = weights(tmp_path / "straight" / "policy")
@@ -143,16 +142,8 @@ def test_resume_from_an_incomplete_checkpoint_names_the_missing_file(tiny_world,
 
 @pytest.mark.slow
 def test_two_process_data_parallel_run_under_launch(tiny_world, tmp_path):
-    log_dir = tmp_path / "launch_log"
-    command = [
-        sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(log_dir),
-        os.path.join(REPO_ROOT, "llm", "alignment", "ppo", "run_ppo.py"), TINY_CONFIG,
-        *overrides(tiny_world, str(tmp_path / "out"), per_device_prompt_batch_size=2, max_steps=2, max_eval_samples=15),
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
-    logs = {rank: (log_dir / f"workerlog.{rank}").read_text(errors="replace") for rank in (0, 1)}
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + logs[0][-3000:] + logs[1][-3000:]
+    argv = overrides(tiny_world, str(tmp_path / "out"), per_device_prompt_batch_size=2, max_steps=2, max_eval_samples=15)
+    logs = launch_two_processes(TINY_CONFIG, argv, tmp_path / "launch_log")
     out = tmp_path / "out"
     assert (out / "policy" / "model_state.pdparams").is_file()
     # Rank 0 writes; every rank's RNG state is kept for an exact resume.

@@ -5,9 +5,11 @@ import json
 import os
 
 import numpy as np
+import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM
 
+from helpers import launch_two_processes
 from llm.alignment.ppo import run_ppo
 from llm.alignment.ppo.models.score_model import AutoModelForScore
 
@@ -82,7 +84,7 @@ def test_ppo_with_a_reward_model_and_critic(tiny_world, tiny_reward_model, tmp_p
     assert any(not np.array_equal(a, initial_critic[k]) for k, a in state(value).items())
     assert all(np.isfinite(a).all() for a in state(policy).values())
     assert sorted(os.listdir(tmp_path / "checkpoint-3")) == [
-        "optimizer.pdopt", "policy", "rng_state.pth", "scheduler.pdparams", "trainer_state.json", "value",
+        "data_state.json", "optimizer.pdopt", "policy", "rng_state.pth", "scheduler.pdparams", "trainer_state.json", "value",
         "value_optimizer.pdopt", "value_scheduler.pdparams",
     ]
 
@@ -155,3 +157,21 @@ def test_ppo_stage_of_the_tiny_pipeline_raises_the_reward_models_score(demo_worl
     before = json.loads((tmp_path / "initial_eval_results.json").read_text())["eval_reward_mean"]
     after = json.loads((tmp_path / "eval_results.json").read_text())["eval_reward_mean"]
     assert after > before + 1.0, (before, after)
+
+
+@pytest.mark.slow
+def test_two_process_ppo_with_critic_and_reward_normalisation(tiny_world, tiny_reward_model, tmp_path):
+    """Under gloo data parallel the critic's gradients are averaged and the reward statistics gathered over
+    both ranks: rank 0's checkpoint holds one normalizer state that saw every rank's rewards."""
+    argv = [
+        "--actor_model_name_or_path", tiny_world["model"], "--reward_model_name_or_path", tiny_reward_model[0],
+        "--train_datasets", tiny_world["train"], "--eval_datasets", tiny_world["eval"], "--max_eval_samples", "15",
+        "--output_dir", str(tmp_path / "out"), "--logging_dir", str(tmp_path / "out" / "vdl"), "--rollout_n", "4",
+        "--per_device_prompt_batch_size", "2", "--per_device_train_batch_size", "8", "--max_steps", "2",
+        "--save_steps", "2", "--eval_steps", "0", "--normalize_reward", "true",
+    ]
+    launch_two_processes(PPO_CONFIG, argv, tmp_path / "launch_log")
+    assert AutoModelForScore.from_pretrained(str(tmp_path / "out" / "value")).config.score_type == "critic"
+    normalizer = paddle.load(str(tmp_path / "out" / "checkpoint-2" / "reward_normalizer.pdparams"))
+    # 2 steps x 2 ranks x 8 responses.
+    assert float(normalizer["count"]) == 32

@@ -5,6 +5,7 @@ import paddle
 import pytest
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from llm.alignment.ppo.algos.token_stats import end_positions
 from llm.alignment.ppo.models.score_model import (
     SCORE_CONFIG_DEFAULTS,
     AutoModelForScore,
@@ -17,7 +18,6 @@ from llm.alignment.ppo.models.score_model_utils import (
     RunningMeanStd,
     build_normalizer,
     combine_moments,
-    end_positions,
 )
 
 TINY = dict(

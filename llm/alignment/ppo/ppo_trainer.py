@@ -40,6 +40,7 @@ from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
 from llm.alignment.ppo.models.score_model_utils import RunningMeanStd
 
 OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE = "optimizer.pdopt", "scheduler.pdparams", "trainer_state.json"
+DATA_STATE_FILE = "data_state.json"
 CRITIC_OPTIMIZER_FILE, CRITIC_SCHEDULER_FILE = "value_optimizer.pdopt", "value_scheduler.pdparams"
 REWARD_NORMALIZER_FILE = "reward_normalizer.pdparams"
 
@@ -82,6 +83,8 @@ class PPOTrainer(Trainer):
         self.critic = critic_model
         self.ptx_dataset = ptx_dataset
         self.reward_normalizer = RunningMeanStd(1) if args.normalize_reward else None
+        # Prompt batches drawn so far; more than one per step with dynamic sampling, so resume needs it.
+        self.prompt_batches_drawn = 0
         self.sampling = SamplingConfig.from_args(args)
         self.advantage_fn = ADVANTAGE_ESTIMATORS.get(args.rl_algorithm)
         self.policy_loss_fn = POLICY_LOSSES.get(args.policy_loss)
@@ -118,8 +121,8 @@ class PPOTrainer(Trainer):
             **optimizer_kwargs,
         )
 
-    def prompt_batches(self, start_step):
-        """Endless prompt batches of this rank, resumable at any step (epochs reshuffle deterministically)."""
+    def prompt_batches(self, start):
+        """Endless prompt batches of this rank from the `start`-th on (epochs reshuffle deterministically)."""
         sampler = DistributedBatchSampler(
             self.train_dataset, batch_size=self.args.per_device_prompt_batch_size, shuffle=True, drop_last=True
         )
@@ -128,13 +131,14 @@ class PPOTrainer(Trainer):
                 f"train_datasets has {len(self.train_dataset)} usable prompts, fewer than one batch of "
                 f"per_device_prompt_batch_size={self.args.per_device_prompt_batch_size} per rank"
             )
-        epoch, skip = divmod(start_step, len(sampler))
+        epoch, skip = divmod(start, len(sampler))
         while True:
             sampler.set_epoch(epoch + self.args.seed)
             for indices in sampler:
                 if skip:
                     skip -= 1
                     continue
+                self.prompt_batches_drawn += 1
                 yield [self.train_dataset[i] for i in indices]
             epoch += 1
 
@@ -143,7 +147,7 @@ class PPOTrainer(Trainer):
     def train(self, resume_from_checkpoint=None):
         args = self.args
         start_step = self.prepare_training(resume_from_checkpoint)
-        batches = self.prompt_batches(start_step)
+        batches = self.prompt_batches(self.prompt_batches_drawn)
         self.state.max_steps, self.state.global_step = args.max_steps, start_step
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if self.eval_dataset is not None and start_step == 0:
@@ -486,6 +490,8 @@ class PPOTrainer(Trainer):
                 if self.reward_normalizer is not None:
                     paddle.save(self.reward_normalizer.state_dict(), os.path.join(tmp, REWARD_NORMALIZER_FILE))
                 self.state.save_to_json(os.path.join(tmp, STATE_FILE))
+                with open(os.path.join(tmp, DATA_STATE_FILE), "w") as f:
+                    json.dump({"prompt_batches_drawn": self.prompt_batches_drawn}, f)
                 world = len(rng_states)
                 rng_file = "rng_state.pth" if world == 1 else f"rng_state_{world}.pth"
                 paddle.save(rng_states[0] if world == 1 else rng_states, os.path.join(tmp, rng_file))
@@ -507,7 +513,7 @@ class PPOTrainer(Trainer):
         """Restore optimizers, schedulers, reward normalizer, RNG and step from a checkpoint folder; the policy
         and value weights were loaded from `path/policy` and `path/value` by run_ppo. Returns the step to
         continue from."""
-        needed = [OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE]
+        needed = [OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE, DATA_STATE_FILE]
         needed += [CRITIC_OPTIMIZER_FILE, CRITIC_SCHEDULER_FILE] if self.critic is not None else []
         needed += [REWARD_NORMALIZER_FILE] if self.reward_normalizer is not None else []
         for name in needed:
@@ -521,6 +527,8 @@ class PPOTrainer(Trainer):
         if self.reward_normalizer is not None:
             self.reward_normalizer.set_state_dict(paddle.load(os.path.join(path, REWARD_NORMALIZER_FILE)))
         self._load_rng_state(path)
+        with open(os.path.join(path, DATA_STATE_FILE)) as f:
+            self.prompt_batches_drawn = json.load(f)["prompt_batches_drawn"]
         step = TrainerState.load_from_json(os.path.join(path, STATE_FILE)).global_step
         logger.info(f"resumed from {path} at step {step}")
         return step

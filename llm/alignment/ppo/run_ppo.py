@@ -56,8 +56,9 @@ def load_models(model_args, training_args):
     critic = None
     if training_args.uses_critic:
         initial = model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path or model_args.actor_model_name_or_path
+        # Raw values, and no score statistics to track (a collective in every training forward).
         critic = AutoModelForScore.from_pretrained(
-            checkpoint_or(initial, training_args, "value"), score_type="critic", do_normalize=False
+            checkpoint_or(initial, training_args, "value"), score_type="critic", do_normalize=False, normalizer_type=None
         )
         if training_args.critic_recompute:
             critic.recompute_enable()

@@ -8,7 +8,7 @@ import paddle
 from paddlenlp.trainer import Trainer
 
 from llm.alignment.ppo.algos import PAIRWISE_LOSSES
-from llm.alignment.ppo.algos.token_stats import end_positions
+from llm.alignment.ppo.algos.pairwise import end_scores
 from llm.alignment.ppo.comm_utils import all_reduce_scalars, is_distributed
 
 
@@ -25,7 +25,7 @@ class RewardTrainer(Trainer):
         loss = self.pairwise_loss(
             scores[:n], scores[n:], ids[:n], ids[n:], mask[:n], mask[n:], regularization=self.args.regularization
         )
-        ends = paddle.take_along_axis(scores, end_positions(mask).unsqueeze(-1), axis=-1).squeeze(-1)
+        ends = end_scores(scores, mask)
         return loss, ends[:n], ends[n:]
 
     def compute_loss(self, model, inputs, return_outputs=False):

@@ -27,8 +27,8 @@ from paddlenlp.transformers import (
 )
 from paddlenlp.transformers.model_outputs import ModelOutput
 
-from llm.alignment.ppo.algos.token_stats import position_ids_from_mask
-from llm.alignment.ppo.models.score_model_utils import IdentityNormalizer, build_normalizer, end_positions
+from llm.alignment.ppo.algos.token_stats import end_positions, position_ids_from_mask
+from llm.alignment.ppo.models.score_model_utils import IdentityNormalizer, build_normalizer
 
 SCORE_CONFIG_DEFAULTS = {
     "score_dim": 1,

@@ -8,7 +8,6 @@ import paddle
 import paddle.distributed as dist
 from paddle import nn
 
-from llm.alignment.ppo.algos.token_stats import end_positions  # noqa: F401  (re-exported)
 from llm.alignment.ppo.comm_utils import is_distributed
 
 

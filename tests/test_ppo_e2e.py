@@ -118,8 +118,9 @@ def test_ppo_resume_restores_policy_critic_optimizers_and_reward_normalizer(tiny
 def test_ppo_with_rule_reward_ptx_and_missing_eos_penalty(tiny_world, tmp_path):
     trainer = ppo_trainer(
         tiny_world, None, str(tmp_path), ptx_datasets=tiny_world["sft_train"],
-        ptx_coeff=0.5, missing_eos_penalty=2.0, max_dec_len=2, save_steps=0,
+        ptx_coeff=0.5, missing_eos_penalty=2.0, max_dec_len=2, save_steps=0, critic_recompute=True,
     )
+    assert trainer.critic.backbone.enable_recompute
     records = record_logs(trainer)
     trainer.train()
     logged = {key for record in records for key in record}

@@ -55,13 +55,13 @@ def main():
         *args.overrides,
     ])
     trainer.prepare_training()
-    batches = trainer.prompt_batches(0)
+    batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size)
     for _ in range(args.warmup):
-        trainer.rl_step(next(batches))
+        trainer.rl_step(batches)
     started = time.perf_counter()
     completions = 0
     for _ in range(args.steps):
-        exp, _ = trainer.rl_step(next(batches))
+        exp, _ = trainer.rl_step(batches)
         completions += len(exp)
     seconds = time.perf_counter() - started
     print(f"model: {model}")

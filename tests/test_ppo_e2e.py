@@ -96,8 +96,9 @@ def test_critic_starts_from_the_reward_model(tiny_world, tiny_reward_model, tmp_
         np.testing.assert_array_equal(state(trainer.critic)[name], value, err_msg=name)
 
 
-def test_ppo_resume_restores_policy_critic_optimizers_and_reward_normalizer(tiny_world, tiny_reward_model, tmp_path):
-    common = {"max_steps": 4, "update_iters": 2, "normalize_reward": True}
+def test_ppo_resume_restores_policy_critic_optimizers_reward_normalizer_and_data(tiny_world, tiny_reward_model, tmp_path):
+    # ptx draws its own batches, which resume replays too.
+    common = {"max_steps": 4, "update_iters": 2, "normalize_reward": True, "ptx_datasets": tiny_world["sft_train"], "ptx_coeff": 0.5}
     straight = ppo_trainer(tiny_world, tiny_reward_model[0], str(tmp_path / "straight"), **common)
     straight.train()
     assert "reward_normalizer.pdparams" in os.listdir(tmp_path / "straight" / "checkpoint-2")
@@ -133,7 +134,7 @@ def test_dynamic_sampling_fills_the_batch_with_groups_that_carry_signal(tiny_wor
     trainer = ppo_trainer(
         tiny_world, None, str(tmp_path), rl_algorithm="grpo", max_gen_batches=4, save_steps=0, kl_coeff=0.0,
     )
-    batches = trainer.prompt_batches(0)
+    batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size)
     trainer.prepare_training()
     exp, generation = trainer.make_experience(batches)
     assert len(exp) == trainer.args.rollout_batch_size

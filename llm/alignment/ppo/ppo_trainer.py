@@ -16,6 +16,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 from paddle.io import DistributedBatchSampler
+from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import Trainer
 from paddlenlp.trainer.trainer_callback import TrainerState
 from paddlenlp.utils.log import logger
@@ -35,6 +36,7 @@ from llm.alignment.ppo.checkpoint_utils import (
     optimizer_state_by_structured_name,
 )
 from llm.alignment.ppo.comm_utils import all_reduce_scalars, is_distributed, masked_mean, mean_over_ranks
+from llm.alignment.ppo.data import IGNORE_INDEX
 from llm.alignment.ppo.experience import Experience
 from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
 from llm.alignment.ppo.models.score_model_utils import RunningMeanStd
@@ -83,8 +85,9 @@ class PPOTrainer(Trainer):
         self.critic = critic_model
         self.ptx_dataset = ptx_dataset
         self.reward_normalizer = RunningMeanStd(1) if args.normalize_reward else None
-        # Prompt batches drawn so far; more than one per step with dynamic sampling, so resume needs it.
-        self.prompt_batches_drawn = 0
+        # Batches drawn from the prompt (train) and ptx data; more than one prompt batch per step with
+        # dynamic sampling, so resume needs the counts.
+        self.batches_drawn = {"train": 0, "ptx": 0}
         self.sampling = SamplingConfig.from_args(args)
         self.advantage_fn = ADVANTAGE_ESTIMATORS.get(args.rl_algorithm)
         self.policy_loss_fn = POLICY_LOSSES.get(args.policy_loss)
@@ -121,25 +124,23 @@ class PPOTrainer(Trainer):
             **optimizer_kwargs,
         )
 
-    def prompt_batches(self, start):
-        """Endless prompt batches of this rank from the `start`-th on (epochs reshuffle deterministically)."""
-        sampler = DistributedBatchSampler(
-            self.train_dataset, batch_size=self.args.per_device_prompt_batch_size, shuffle=True, drop_last=True
-        )
+    def endless_batches(self, stream, dataset, batch_size, collate=list):
+        """Endless batches of this rank's share of `dataset`, counted in `self.batches_drawn[stream]` and
+        resumed after that many (epochs reshuffle deterministically from the seed)."""
+        sampler = DistributedBatchSampler(dataset, batch_size=batch_size, shuffle=True, drop_last=True)
         if len(sampler) == 0:
             raise ValueError(
-                f"train_datasets has {len(self.train_dataset)} usable prompts, fewer than one batch of "
-                f"per_device_prompt_batch_size={self.args.per_device_prompt_batch_size} per rank"
+                f"{stream}_datasets has {len(dataset)} usable examples, fewer than one batch of {batch_size} per rank"
             )
-        epoch, skip = divmod(start, len(sampler))
+        epoch, skip = divmod(self.batches_drawn[stream], len(sampler))
         while True:
             sampler.set_epoch(epoch + self.args.seed)
             for indices in sampler:
                 if skip:
                     skip -= 1
                     continue
-                self.prompt_batches_drawn += 1
-                yield [self.train_dataset[i] for i in indices]
+                self.batches_drawn[stream] += 1
+                yield collate([dataset[i] for i in indices])
             epoch += 1
 
     # ---- the loop -----------------------------------------------------------------------------------
@@ -147,7 +148,7 @@ class PPOTrainer(Trainer):
     def train(self, resume_from_checkpoint=None):
         args = self.args
         start_step = self.prepare_training(resume_from_checkpoint)
-        batches = self.prompt_batches(self.prompt_batches_drawn)
+        batches = self.endless_batches("train", self.train_dataset, args.per_device_prompt_batch_size)
         self.state.max_steps, self.state.global_step = args.max_steps, start_step
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if self.eval_dataset is not None and start_step == 0:
@@ -188,23 +189,12 @@ class PPOTrainer(Trainer):
         if self.critic is not None:
             self.create_critic_optimizer(num_steps)
             self.critic_wrapped = self._wrap_model(self.critic)
-        self.ptx_batches = self.supervised_batches(self.ptx_dataset) if self.ptx_dataset is not None else None
-        return self.load_checkpoint(resume_from_checkpoint) if resume_from_checkpoint else 0
-
-    def supervised_batches(self, dataset):
-        """Endless micro-batches of this rank's share of the ptx data, padded by the SFT collator."""
-        from paddlenlp.data import DataCollatorForSeq2Seq
-
-        from llm.alignment.ppo.data import IGNORE_INDEX
-
-        sampler = DistributedBatchSampler(dataset, batch_size=self.args.per_device_train_batch_size, shuffle=True, drop_last=True)
-        collate = DataCollatorForSeq2Seq(self.tokenizer, padding=True, label_pad_token_id=IGNORE_INDEX, return_tensors="pd")
-        epoch = self.args.seed
-        while True:
-            sampler.set_epoch(epoch)
-            for indices in sampler:
-                yield collate([dataset[i] for i in indices])
-            epoch += 1
+        start_step = self.load_checkpoint(resume_from_checkpoint) if resume_from_checkpoint else 0
+        self.ptx_batches = None
+        if self.ptx_dataset is not None:
+            collate = DataCollatorForSeq2Seq(self.tokenizer, padding=True, label_pad_token_id=IGNORE_INDEX, return_tensors="pd")
+            self.ptx_batches = self.endless_batches("ptx", self.ptx_dataset, self.args.per_device_train_batch_size, collate)
+        return start_step
 
     def rl_step(self, batches):
         args = self.args
@@ -491,7 +481,7 @@ class PPOTrainer(Trainer):
                     paddle.save(self.reward_normalizer.state_dict(), os.path.join(tmp, REWARD_NORMALIZER_FILE))
                 self.state.save_to_json(os.path.join(tmp, STATE_FILE))
                 with open(os.path.join(tmp, DATA_STATE_FILE), "w") as f:
-                    json.dump({"prompt_batches_drawn": self.prompt_batches_drawn}, f)
+                    json.dump({"batches_drawn": self.batches_drawn}, f)
                 world = len(rng_states)
                 rng_file = "rng_state.pth" if world == 1 else f"rng_state_{world}.pth"
                 paddle.save(rng_states[0] if world == 1 else rng_states, os.path.join(tmp, rng_file))
@@ -528,7 +518,7 @@ class PPOTrainer(Trainer):
             self.reward_normalizer.set_state_dict(paddle.load(os.path.join(path, REWARD_NORMALIZER_FILE)))
         self._load_rng_state(path)
         with open(os.path.join(path, DATA_STATE_FILE)) as f:
-            self.prompt_batches_drawn = json.load(f)["prompt_batches_drawn"]
+            self.batches_drawn = json.load(f)["batches_drawn"]
         step = TrainerState.load_from_json(os.path.join(path, STATE_FILE)).global_step
         logger.info(f"resumed from {path} at step {step}")
         return step

@@ -1,0 +1,24 @@
+"""The benchmark scripts still run against the current trainer and rollout engine (one short pass each)."""
+
+import os
+import subprocess
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_script(*argv):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, *argv], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_bench_grpo_prints_its_figure(tiny_world):
+    last = run_script("benchmarks/bench_grpo.py", "--model", tiny_world["model"], "--steps", "2", "--warmup", "1")
+    assert last.startswith("completions_per_s=") and float(last.split("=")[1]) > 0
+
+
+def test_bench_rollout_prints_its_figure():
+    last = run_script("benchmarks/bench_rollout.py", "--configs", "tiny", "--repeats", "1")
+    assert last.startswith("speedup_vs_generate=") and float(last.split("=")[1]) > 0

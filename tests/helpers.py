@@ -103,3 +103,23 @@ def launch_two_processes(config, argv, log_dir):
     logs = {rank: (log_dir / f"workerlog.{rank}").read_text(errors="replace") for rank in (0, 1)}
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + logs[0][-3000:] + logs[1][-3000:]
     return logs
+
+
+def small_run_argv(world, output_dir, **changes):
+    """Command-line overrides pointing a tiny config at the test world, small and fast (a None value
+    leaves the config's own)."""
+    values = {
+        "actor_model_name_or_path": world["model"],
+        "train_datasets": world["train"],
+        "eval_datasets": world["eval"],
+        "output_dir": output_dir,
+        "logging_dir": os.path.join(output_dir, "vdl"),
+        "rollout_n": 4,
+        "per_device_prompt_batch_size": 4,
+        "per_device_train_batch_size": 8,
+        "max_steps": 3,
+        "logging_steps": 1,
+        "warmup_ratio": 0.0,
+        **changes,
+    }
+    return [token for key, value in values.items() if value is not None for token in (f"--{key}", str(value))]

@@ -9,7 +9,7 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
-from helpers import launch_two_processes, running_reward_server
+from helpers import launch_two_processes, running_reward_server, small_run_argv
 from llm.alignment.ppo import run_ppo
 from llm.alignment.ppo.data import PromptOnlyDataset
 from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
@@ -21,30 +21,12 @@ TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
 
 
 def overrides(world, output_dir, **changes):
-    """Command-line overrides pointing the tiny config at the test's tiny world, small and fast."""
-    values = {
-        "actor_model_name_or_path": world["model"],
-        "train_datasets": world["train"],
-        "eval_datasets": world["eval"],
-        "output_dir": output_dir,
-        "logging_dir": os.path.join(output_dir, "vdl"),
-        "use_rm_server": False,
-        "use_rule_reward": True,
-        "rollout_n": 4,
-        "per_device_prompt_batch_size": 4,
-        "per_device_train_batch_size": 8,
-        "per_device_eval_batch_size": 16,
-        "max_steps": 3,
-        "logging_steps": 1,
-        "sample_log_interval": 1,
-        "eval_steps": 2,
-        "save_steps": 2,
-        "warmup_ratio": 0.0,
-        "learning_rate": 1e-3,
-        "kl_loss_coeff": 0.01,
-        **changes,
+    """The tiny GRPO config on the test world with the in-process rule reward, small and fast."""
+    defaults = {
+        "use_rm_server": False, "use_rule_reward": True, "per_device_eval_batch_size": 16, "sample_log_interval": 1,
+        "eval_steps": 2, "save_steps": 2, "learning_rate": 1e-3, "kl_loss_coeff": 0.01,
     }
-    return [token for key, value in values.items() for token in (f"--{key}", str(value))]
+    return small_run_argv(world, output_dir, **{**defaults, **changes})
 
 
 def run_grpo(world, output_dir, **changes):

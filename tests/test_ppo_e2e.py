@@ -9,7 +9,7 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM
 
-from helpers import launch_two_processes
+from helpers import launch_two_processes, small_run_argv
 from llm.alignment.ppo import run_ppo
 from llm.alignment.ppo.models.score_model import AutoModelForScore
 
@@ -29,27 +29,10 @@ def ppo_trainer(world, reward_model, output_dir, **changes):
     arith rule reward (the GRPO config with rl_algorithm ppo unless `changes` say otherwise)."""
     config = PPO_CONFIG if reward_model else RULE_REWARD_CONFIG
     rule = {"use_rule_reward": True, "use_rm_server": False, "reward_task": "arith", "rl_algorithm": "ppo", "kl_coeff": 0.02}
-    values = {
-        "actor_model_name_or_path": world["model"],
-        **({"reward_model_name_or_path": reward_model} if reward_model else rule),
-        "train_datasets": world["train"],
-        "eval_datasets": world["eval"],
-        "output_dir": output_dir,
-        "logging_dir": os.path.join(output_dir, "vdl"),
-        "rollout_n": 4,
-        "per_device_prompt_batch_size": 4,
-        "per_device_train_batch_size": 8,
-        "per_device_eval_batch_size": 32,
-        "max_steps": 3,
-        "logging_steps": 1,
-        "eval_steps": 0,
-        "save_steps": 2,
-        "warmup_ratio": 0.0,
-        "critic_warmup_ratio": 0.0,
-        **changes,
-    }
-    argv = [config, *[token for key, value in values.items() if value is not None for token in (f"--{key}", str(value))]]
-    return run_ppo.build_trainer(argv)
+    source = {"reward_model_name_or_path": reward_model} if reward_model else rule
+    defaults = {**source, "per_device_eval_batch_size": 32, "eval_steps": 0, "save_steps": 2, "critic_warmup_ratio": 0.0}
+    argv = small_run_argv(world, output_dir, **{**defaults, **changes})
+    return run_ppo.build_trainer([config, *argv])
 
 
 def record_logs(trainer):

@@ -24,6 +24,14 @@ def is_distributed():
     return dist.is_initialized() and dist.get_world_size() > 1
 
 
+def rank_shard(size):
+    """Indices of this rank's share of `size` items, every item on exactly one rank (no padding repeats,
+    so sums over ranks are exact)."""
+    if not is_distributed():
+        return list(range(size))
+    return list(range(dist.get_rank(), size, dist.get_world_size()))
+
+
 def all_reduce_scalars(values, op=dist.ReduceOp.SUM):
     """Reduce a dict of python floats over all ranks with `op`; a no-op in a single process."""
     if not values or not is_distributed():

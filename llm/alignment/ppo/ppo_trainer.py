@@ -35,7 +35,7 @@ from llm.alignment.ppo.checkpoint_utils import (
     load_optimizer_state,
     optimizer_state_by_structured_name,
 )
-from llm.alignment.ppo.comm_utils import all_reduce_scalars, is_distributed, masked_mean, mean_over_ranks
+from llm.alignment.ppo.comm_utils import all_reduce_scalars, is_distributed, masked_mean, mean_over_ranks, rank_shard
 from llm.alignment.ppo.data import IGNORE_INDEX
 from llm.alignment.ppo.experience import Experience
 from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
@@ -423,8 +423,7 @@ class PPOTrainer(Trainer):
         """Greedy accuracy (when the reward has a max score) and mean reward on this rank's share of the eval
         prompts, summed over ranks."""
         dataset = eval_dataset or self.eval_dataset
-        # Every prompt exactly once over all ranks (no padding repeats), so the counts are exact.
-        shard = list(range(dist.get_rank() if is_distributed() else 0, len(dataset), self.args.world_size))
+        shard = rank_shard(len(dataset))
         size = self.args.per_device_eval_batch_size
         greedy = SamplingConfig.from_args(self.args, greedy=True)
         totals = {"correct": 0.0, "reward": 0.0, "count": 0.0}

@@ -68,8 +68,8 @@ def load_models(model_args, training_args):
 def load_tokenizer(path):
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
-        # Llama 3 ships no pad token. EOS is a safe pad here: prompts are padded under a zero attention
-        # mask, and response masks end at the first EOS.
+        # Llama 3 ships no pad token. EOS is a safe pad here: padding sits under a zero attention mask,
+        # and response masks end at the first EOS.
         logger.info(f"the tokenizer of {path} has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

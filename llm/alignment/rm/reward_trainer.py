@@ -9,7 +9,7 @@ from paddlenlp.trainer import Trainer
 
 from llm.alignment.ppo.algos import PAIRWISE_LOSSES
 from llm.alignment.ppo.algos.pairwise import end_scores
-from llm.alignment.ppo.comm_utils import all_reduce_scalars, is_distributed
+from llm.alignment.ppo.comm_utils import all_reduce_scalars, rank_shard
 
 
 class RewardTrainer(Trainer):
@@ -37,8 +37,7 @@ class RewardTrainer(Trainer):
         """Accuracy (better scored above worse), loss, and mean/std of all end scores over the eval pairs.
         Each rank scores its own share, every pair exactly once; the sums are added over ranks."""
         dataset = eval_dataset or self.eval_dataset
-        rank = paddle.distributed.get_rank() if is_distributed() else 0
-        shard = list(range(rank, len(dataset), self.args.world_size))
+        shard = rank_shard(len(dataset))
         size = self.args.per_device_eval_batch_size
         self.model.eval()
         totals = {"correct": 0.0, "pairs": 0.0, "loss": 0.0, "score_sum": 0.0, "score_square_sum": 0.0}

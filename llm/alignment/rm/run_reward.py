@@ -17,12 +17,12 @@ if not __package__:  # run as a script path: make the repository root importable
 
 import paddle
 from paddlenlp.trainer import TrainingArguments, set_seed
-from paddlenlp.transformers import AutoTokenizer
 
 from llm.alignment.ppo.algos import PAIRWISE_LOSSES
 from llm.alignment.ppo.arguments import parse_arguments
 from llm.alignment.ppo.comm_utils import finish_distributed_run
 from llm.alignment.ppo.data import PreferenceCollator, PreferenceDataset
+from llm.alignment.ppo.run_ppo import load_tokenizer
 from llm.alignment.rm.models.score_model import AutoModelForScore
 from llm.alignment.rm.models.score_model_utils import NORMALIZERS
 from llm.alignment.rm.reward_trainer import RewardTrainer
@@ -75,9 +75,7 @@ def build_trainer(argv):
     model_args, data_args, training_args = parse_arguments(argv, ARGUMENT_CLASSES)
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token  # right padding under a zero mask: any id will do
+    tokenizer = load_tokenizer(model_args.model_name_or_path)
     model = AutoModelForScore.from_pretrained(
         model_args.model_name_or_path,
         score_type="reward",

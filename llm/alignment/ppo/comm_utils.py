@@ -1,4 +1,9 @@
-"""Masked statistics and reductions of metrics over the data-parallel ranks (Paddle collectives only)."""
+"""Masked statistics and reductions of metrics over the data-parallel ranks (Paddle collectives only).
+
+Under fleet hybrid parallel, the ranks of one tensor- or pipeline-parallel group share a batch: only
+data-parallel and sharding ranks hold different data. Sums over all ranks are therefore divided by the
+number of copies of each batch, and data is split over the data ranks only.
+"""
 
 import logging
 import os
@@ -6,6 +11,7 @@ import sys
 
 import paddle
 import paddle.distributed as dist
+from paddle.distributed import fleet
 
 
 def masked_mean(values, mask, axis=None):
@@ -24,30 +30,54 @@ def is_distributed():
     return dist.is_initialized() and dist.get_world_size() > 1
 
 
+def hybrid_communicate_group():
+    """fleet's hybrid communicate group once fleet hybrid parallel is initialised, else None."""
+    return getattr(fleet.fleet, "_hcg", None)
+
+
+def data_parallel_rank_and_size():
+    """(rank, size) among the ranks that hold different data: data-parallel x sharding ranks under fleet
+    hybrid parallel, else all ranks."""
+    hcg = hybrid_communicate_group()
+    if hcg is not None:
+        sharding = hcg.get_sharding_parallel_world_size()
+        rank = hcg.get_data_parallel_rank() * sharding + hcg.get_sharding_parallel_rank()
+        return rank, hcg.get_data_parallel_world_size() * sharding
+    return (dist.get_rank(), dist.get_world_size()) if is_distributed() else (0, 1)
+
+
+def vocab_parallel_group(model):
+    """The model-parallel group when `model`'s LM head returns vocab-parallel logits, else None."""
+    config = model.config
+    if getattr(config, "tensor_parallel_degree", 1) > 1 and getattr(config, "tensor_parallel_output", False):
+        return hybrid_communicate_group().get_model_parallel_group()
+    return None
+
+
 def rank_shard(size):
-    """Indices of this rank's share of `size` items, every item on exactly one rank (no padding repeats,
-    so sums over ranks are exact)."""
-    if not is_distributed():
-        return list(range(size))
-    return list(range(dist.get_rank(), size, dist.get_world_size()))
+    """Indices of this data rank's share of `size` items, every item on exactly one data rank (no padding
+    repeats, so sums over ranks are exact)."""
+    rank, ranks = data_parallel_rank_and_size()
+    return list(range(rank, size, ranks))
 
 
 def all_reduce_scalars(values, op=dist.ReduceOp.SUM):
-    """Reduce a dict of python floats over all ranks with `op`; a no-op in a single process."""
+    """Reduce a dict of python floats over the data ranks with `op` (SUM, MAX or MIN); a no-op in a single
+    process. Each batch's copies on tensor- and pipeline-parallel ranks are counted once."""
     if not values or not is_distributed():
         return dict(values)
     keys = sorted(values)
     stacked = paddle.to_tensor([float(values[k]) for k in keys], dtype="float64")
     dist.all_reduce(stacked, op=op)
+    if op == dist.ReduceOp.SUM:
+        stacked = stacked / (dist.get_world_size() // data_parallel_rank_and_size()[1])
     return dict(zip(keys, stacked.numpy().tolist()))
 
 
 def mean_over_ranks(values):
-    """Average per-rank metrics (each rank holds the same number of samples)."""
-    if not is_distributed():
-        return dict(values)
-    world = dist.get_world_size()
-    return {k: v / world for k, v in all_reduce_scalars(values).items()}
+    """Average per-rank metrics over the data ranks (each holds the same number of samples)."""
+    ranks = data_parallel_rank_and_size()[1]
+    return {k: v / ranks for k, v in all_reduce_scalars(values).items()}
 
 
 def finish_distributed_run():

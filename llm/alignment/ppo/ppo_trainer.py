@@ -21,13 +21,12 @@ from paddlenlp.trainer import Trainer
 from paddlenlp.trainer.trainer_callback import TrainerState
 from paddlenlp.utils.log import logger
 
-from llm.alignment.ppo.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+from llm.alignment.ppo.algos import ADVANTAGE_ESTIMATORS
 from llm.alignment.ppo.algos.registry import call_with_options
-from llm.alignment.ppo.algos.losses import clipped_value_loss
 from llm.alignment.ppo.algos.metrics import explained_variance, rlhf_objective_metrics
 from llm.alignment.ppo.algos.reward_shaping import groups_with_reward_variance, missing_eos_penalty, overlong_penalty
 from llm.alignment.ppo.algos.schedules import build_lr_scheduler
-from llm.alignment.ppo.algos.token_stats import entropy_from_logits, gather_logprobs, position_ids_from_mask
+from llm.alignment.ppo.algos.token_stats import gather_logprobs, position_ids_from_mask
 from llm.alignment.ppo.checkpoint_utils import (
     atomic_directory,
     barrier,
@@ -35,10 +34,19 @@ from llm.alignment.ppo.checkpoint_utils import (
     load_optimizer_state,
     optimizer_state_by_structured_name,
 )
-from llm.alignment.ppo.comm_utils import all_reduce_scalars, is_distributed, masked_mean, mean_over_ranks, rank_shard
+from llm.alignment.ppo.comm_utils import (
+    all_reduce_scalars,
+    data_parallel_rank_and_size,
+    is_distributed,
+    masked_mean,
+    mean_over_ranks,
+    rank_shard,
+    vocab_parallel_group,
+)
 from llm.alignment.ppo.data import IGNORE_INDEX
 from llm.alignment.ppo.experience import Experience
 from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
+from llm.alignment.ppo.models.ppo_model_utils import PolicyObjective, ValueObjective
 from llm.alignment.ppo.models.score_model_utils import RunningMeanStd
 
 OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE = "optimizer.pdopt", "scheduler.pdparams", "trainer_state.json"
@@ -90,9 +98,9 @@ class PPOTrainer(Trainer):
         self.batches_drawn = {"train": 0, "ptx": 0}
         self.sampling = SamplingConfig.from_args(args)
         self.advantage_fn = ADVANTAGE_ESTIMATORS.get(args.rl_algorithm)
-        self.policy_loss_fn = POLICY_LOSSES.get(args.policy_loss)
-        self.kl_fn = KL_ESTIMATORS.get(args.kl_estimator)
-        self.aggregate = LOSS_AGGREGATIONS.get(args.loss_agg_mode)
+        self.policy_objective = PolicyObjective.from_args(args)
+        self.value_objective = ValueObjective.from_args(args)
+        self.vocab_group = vocab_parallel_group(model)
         # With a single optimizer step per rollout the policy has not moved when the loss is computed,
         # so the old log-probs equal the current ones (detached): one forward pass saved, unless the
         # token rewards need them before the update (a KL penalty in the reward).
@@ -127,7 +135,8 @@ class PPOTrainer(Trainer):
     def endless_batches(self, stream, dataset, batch_size, collate=list):
         """Endless batches of this rank's share of `dataset`, counted in `self.batches_drawn[stream]` and
         resumed after that many (epochs reshuffle deterministically from the seed)."""
-        sampler = DistributedBatchSampler(dataset, batch_size=batch_size, shuffle=True, drop_last=True)
+        rank, ranks = data_parallel_rank_and_size()
+        sampler = DistributedBatchSampler(dataset, batch_size, num_replicas=ranks, rank=rank, shuffle=True, drop_last=True)
         if len(sampler) == 0:
             raise ValueError(
                 f"{stream}_datasets has {len(dataset)} usable examples, fewer than one batch of {batch_size} per rank"
@@ -216,7 +225,7 @@ class PPOTrainer(Trainer):
         train_stats = self.update(exp)
         metrics = self.rollout_metrics(exp, generation) | train_stats
         metrics["step_time"] = time.time() - started
-        metrics["eps"] = len(exp) * args.world_size / metrics["step_time"]
+        metrics["eps"] = len(exp) * data_parallel_rank_and_size()[1] / metrics["step_time"]
         return exp, metrics
 
     def make_experience(self, batches):
@@ -269,7 +278,7 @@ class PPOTrainer(Trainer):
             micro = exp.select(start, start + size)
             with self.autocast_smart_context_manager():
                 logits = response_logits(model, micro)
-            chunks.append(gather_logprobs(logits, response_labels(micro)))
+            chunks.append(gather_logprobs(logits, response_labels(micro), self.vocab_group))
         return paddle.concat(chunks, axis=0)
 
     @paddle.no_grad()
@@ -323,44 +332,24 @@ class PPOTrainer(Trainer):
         return stats
 
     def policy_loss(self, micro):
-        """Policy loss plus the KL-to-reference term minus the entropy bonus, aggregated over response tokens,
-        plus ptx_coeff x the language-model loss of a ptx micro-batch."""
-        args = self.args
+        """The policy objective on a micro-batch, plus ptx_coeff x the language-model loss of a ptx micro-batch."""
         with self.autocast_smart_context_manager():
             logits = response_logits(self.model_wrapped, micro)
-        logprobs = gather_logprobs(logits, response_labels(micro))
-        old_logprobs = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
-        token_loss, stats = self.policy_loss_fn(
-            logprobs, old_logprobs, micro.advantages, micro.response_mask, args.clip_range_ratio_low, args.clip_range_ratio_high
+        loss, stats = self.policy_objective(
+            logits, response_labels(micro), micro.old_logprobs, micro.ref_logprobs, micro.advantages, micro.response_mask,
+            self.vocab_group,
         )
-        policy_loss = self.aggregate(token_loss, micro.response_mask)
-        loss = policy_loss
-        if micro.ref_logprobs is not None:
-            kl = self.aggregate(self.kl_fn(logprobs, micro.ref_logprobs), micro.response_mask)
-            if args.kl_loss_coeff > 0:
-                loss = loss + args.kl_loss_coeff * kl
-            stats["kl"] = kl.detach()
-        # The entropy is differentiated only when it is part of the loss.
-        token_entropy = entropy_from_logits(logits if args.entropy_coeff > 0 else logits.detach())
-        if args.entropy_coeff > 0:
-            loss = loss - args.entropy_coeff * self.aggregate(token_entropy, micro.response_mask)
-        stats["entropy"] = masked_mean(token_entropy.detach(), micro.response_mask)
-        stats["loss/policy_avg"] = policy_loss.detach()
         if self.ptx_batches is not None:
             with self.autocast_smart_context_manager():
                 ptx_loss = self.model_wrapped(**next(self.ptx_batches), return_dict=True).loss
-            loss = loss + args.ptx_coeff * ptx_loss
+            loss = loss + self.args.ptx_coeff * ptx_loss
             stats["loss/ptx"] = ptx_loss.detach()
         return loss, stats
 
     def value_loss(self, micro):
-        """The critic's clipped value loss against the returns, aggregated over response tokens."""
         with self.autocast_smart_context_manager():
             values = response_values(self.critic_wrapped, micro)
-        token_loss, stats = clipped_value_loss(values, micro.values, micro.returns, micro.response_mask, self.args.clip_range_value)
-        loss = self.aggregate(token_loss, micro.response_mask)
-        stats["loss/value_avg"] = loss.detach()
-        return loss, stats
+        return self.value_objective(values, micro.values, micro.returns, micro.response_mask)
 
     @staticmethod
     def optimizer_step(model, optimizer, lr_scheduler):

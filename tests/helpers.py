@@ -91,12 +91,15 @@ def train_reward_model(world, output_dir, **changes):
         return json.load(f)
 
 
-def launch_two_processes(config, argv, log_dir):
-    """run_ppo.py `config` `argv` under `paddle.distributed.launch --nproc_per_node 2`; asserts it exits 0
-    (showing the tails of its logs if not) and returns the two ranks' worker logs."""
+RUN_PPO = os.path.join(REPO_ROOT, "llm", "alignment", "ppo", "run_ppo.py")
+
+
+def launch_two_processes(config, argv, log_dir, script=RUN_PPO):
+    """`script` (run_ppo.py) `config` `argv` under `paddle.distributed.launch --nproc_per_node 2`; asserts it
+    exits 0 (showing the tails of its logs if not) and returns the two ranks' worker logs."""
     command = [
         sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(log_dir),
-        os.path.join(REPO_ROOT, "llm", "alignment", "ppo", "run_ppo.py"), config, *argv,
+        script, config, *argv,
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -3,10 +3,11 @@
 import glob
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 
-from llm.alignment.ppo.arguments import ARGUMENT_CLASSES, parse_arguments
+from llm.alignment.ppo.arguments import ARGUMENT_CLASSES, check_parallel_degrees, parse_arguments
 from llm.alignment.rm.run_reward import ARGUMENT_CLASSES as REWARD_ARGUMENTS
 from llm.run_finetune import ARGUMENT_CLASSES as FINETUNE_ARGUMENTS
 
@@ -91,6 +92,12 @@ def test_command_line_overrides_the_file(tmp_path):
         ({"clip_range_ratio_low": 1.0}, "clip_range_ratio_low"),
         ({"min_learning_rate": 1.0}, "min_learning_rate=1.0"),
         ({"max_steps": -1}, "max_steps must be positive"),
+        ({"critic_recompute_granularity": "half"}, "critic_recompute_granularity='half'"),
+        ({"recompute_granularity": "all"}, "recompute_granularity='all'"),
+        ({"offload_level": "freeze_model gpu_cache"}, "offload_level"),
+        ({"lora_path": "adapters"}, "lora_path='adapters' applies to LoRA adapters: set lora true"),
+        ({"lora_target_modules": ".*q_proj.*"}, "lora_target_modules='.\\*q_proj.\\*' applies to LoRA"),
+        ({"lora": True, "lora_rank": 0}, "lora_rank must be positive"),
     ],
 )
 def test_bad_configs_fail_naming_the_key(tmp_path, changes, message):
@@ -110,10 +117,21 @@ def test_missing_and_malformed_files(tmp_path):
 SHIPPED_CONFIGS = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config", "*", "*.json")))
 
 
+# A single CPU process runs a GPU config's settings but its parallel layout, checked against 8 GPUs apart.
+SINGLE_CPU_PROCESS = {
+    "device": "cpu", "bf16": "false", "tensor_parallel_degree": "1", "sequence_parallel": "false", "sharding": "",
+    "sharding_parallel_degree": "-1",
+}
+
+
 @pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=lambda p: os.path.relpath(p, os.path.dirname(os.path.dirname(p))))
 def test_every_shipped_config_parses(path):
-    """Each config file is valid for its entry point (GPU ones checked with the CPU device and fp32)."""
+    """Each config file is valid for its entry point, and a GPU config's parallel layout for 8 GPUs."""
     name = os.path.basename(path)
     classes = {"sft_argument.json": FINETUNE_ARGUMENTS, "rm_argument.json": REWARD_ARGUMENTS}.get(name, ARGUMENT_CLASSES)
-    parsed = parse_arguments([path, "--device", "cpu", "--bf16", "false"], classes)
+    parsed = parse_arguments([path, *[t for key, value in SINGLE_CPU_PROCESS.items() for t in (f"--{key}", value)]], classes)
     assert len(parsed) == 3
+    with open(path) as f:
+        config = json.load(f)
+    layout = {key: config.get(key, parsed[2].__dataclass_fields__[key].default) for key in SINGLE_CPU_PROCESS if key not in ("device", "bf16")}
+    check_parallel_degrees(SimpleNamespace(pipeline_parallel_degree=config.get("pipeline_parallel_degree", -1), **layout), 8, True)

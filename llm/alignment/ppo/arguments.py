@@ -8,9 +8,11 @@ naming the key.
 import dataclasses
 import difflib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+import paddle
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 
 from llm.alignment.ppo.algos import (
@@ -20,6 +22,7 @@ from llm.alignment.ppo.algos import (
     LR_SCHEDULES,
     POLICY_LOSSES,
 )
+from llm.alignment.ppo.offload_utils import parse_offload_level
 from llm.alignment.ppo.rewards import REWARD_TASKS
 
 # Estimators whose baseline comes from the other samples of the same prompt.
@@ -27,6 +30,9 @@ GROUP_BASELINE_ALGORITHMS = ("grpo", "rloo")
 
 # Other names users' PaddleNLP configs use for the same setting.
 KEY_ALIASES = {"num_return_sequences": "rollout_n"}
+
+# paddlenlp's recompute granularities (config.recompute_granularity of Qwen2 and Llama).
+RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
 
 
 @dataclass
@@ -41,6 +47,17 @@ class ModelArgument:
     )
     reward_critic_model_name_or_path: Optional[str] = field(
         default=None, metadata={"help": "Initial critic (ppo); defaults to the reward model, else the actor's backbone."}
+    )
+    lora: bool = field(default=False, metadata={"help": "Train LoRA adapters of the actor instead of all its weights."})
+    lora_path: Optional[str] = field(default=None, metadata={"help": "Adapters (a saved policy folder) to start the LoRA actor from."})
+    lora_rank: int = field(default=8, metadata={"help": "Rank of the LoRA adapters."})
+    lora_alpha: Optional[int] = field(default=None, metadata={"help": "LoRA scaling numerator (adapters scale by alpha / rank); default 2 x lora_rank."})
+    lora_target_modules: Optional[str] = field(
+        default=None,
+        metadata={"help": "Comma-separated regexes of the layers that get adapters; default the attention and MLP projections."},
+    )
+    lora_save_merged: bool = field(
+        default=False, metadata={"help": "Also save output_dir/policy_merged: the actor with its adapters merged into the weights."}
     )
 
 
@@ -97,6 +114,16 @@ class RLTrainingArguments(TrainingArguments):
     critic_lr_scheduler_type: str = field(default="constant", metadata={"help": "Critic schedule: linear, cosine or constant."})
     critic_warmup_ratio: float = field(default=0.0, metadata={"help": "Share of steps of critic warm-up."})
     critic_recompute: bool = field(default=False, metadata={"help": "Recompute critic activations in backward to save memory."})
+    recompute_granularity: str = field(
+        default="full", metadata={"help": "What the actor recomputes with recompute: full, full_attn or core_attn."}
+    )
+    critic_recompute_granularity: str = field(
+        default="full", metadata={"help": "What the critic recomputes: full, full_attn or core_attn (as recompute_granularity)."}
+    )
+    offload_level: str = field(
+        default="",
+        metadata={"help": "Keep in host memory except while used (GPU only): any of freeze_model, optimizer, train_model, space separated."},
+    )
     policy_loss: str = field(default="ppo_clip", metadata={"help": "Policy loss: " + ", ".join(POLICY_LOSSES.names())})
     entropy_coeff: float = field(default=0.0, metadata={"help": "Weight of the entropy bonus (0: off)."})
     clip_range_ratio: float = field(default=0.2, metadata={"help": "PPO ratio clip, both sides unless _low/_high are given."})
@@ -120,6 +147,7 @@ class RLTrainingArguments(TrainingArguments):
     num_sample_logs: int = field(default=4, metadata={"help": "Rows in each sample table."})
 
     def __post_init__(self):
+        self.validate_parallel()
         super().__post_init__()
         self.lr_scheduler_type = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
         self.critic_lr_scheduler_type = getattr(self.critic_lr_scheduler_type, "value", self.critic_lr_scheduler_type)
@@ -151,6 +179,14 @@ class RLTrainingArguments(TrainingArguments):
     def optimizer_steps_per_rl_step(self):
         micro_batches = self.rollout_batch_size // self.per_device_train_batch_size
         return self.update_iters * micro_batches // self.gradient_accumulation_steps
+
+    def validate_parallel(self):
+        on_accelerator = self.device != "cpu" and paddle.device.get_device() != "cpu"
+        check_parallel_degrees(self, paddle.distributed.get_world_size(), on_accelerator)
+        self.offload_level = " ".join(sorted(parse_offload_level(self.offload_level)))
+        for key in ("recompute_granularity", "critic_recompute_granularity"):
+            if getattr(self, key) not in RECOMPUTE_GRANULARITIES:
+                raise ValueError(f"{key}={getattr(self, key)!r}: choose from {RECOMPUTE_GRANULARITIES}")
 
     def validate_rl(self):
         choices = {
@@ -223,6 +259,34 @@ class RLTrainingArguments(TrainingArguments):
             )
 
 
+def check_parallel_degrees(args, world_size, on_accelerator):
+    """Parallel degrees against the launched processes, before paddlenlp's own asserts: tensor x pipeline
+    (x sharding) ranks must divide the world, and only data parallel runs without an accelerator."""
+    sharding = args.sharding not in ("", [], None, False)
+    degrees = {
+        "tensor_parallel_degree": max(args.tensor_parallel_degree, 1),
+        "pipeline_parallel_degree": max(args.pipeline_parallel_degree, 1),
+        "sharding_parallel_degree": max(args.sharding_parallel_degree, 1) if sharding else 1,
+    }
+    used = {key: value for key, value in degrees.items() if value > 1}
+    replica = math.prod(degrees.values())
+    if world_size % replica:
+        product = " x ".join(f"{key}={value}" for key, value in used.items())
+        raise ValueError(
+            f"{product} = {replica} ranks per data-parallel replica does not divide the {world_size} launched "
+            "process(es) (paddle.distributed.launch --devices / --nproc_per_node)"
+        )
+    if args.sequence_parallel and degrees["tensor_parallel_degree"] < 2:
+        raise ValueError("sequence_parallel splits activations over tensor-parallel ranks: it needs tensor_parallel_degree >= 2")
+    if sharding:
+        used["sharding"] = args.sharding
+    if used and not on_accelerator:
+        raise ValueError(
+            f"{used} need GPUs (Paddle runs tensor, pipeline and sharding parallel on GPUs only); "
+            "on CPU only data parallel runs: remove these keys or launch on GPUs"
+        )
+
+
 ARGUMENT_CLASSES = (ModelArgument, DataArgument, RLTrainingArguments)
 
 
@@ -263,6 +327,12 @@ def validate_across(parsed):
                 "set exactly one reward source: use_rm_server (reward server), use_rule_reward (in-process rule) "
                 "or reward_model_name_or_path (reward model)"
             )
+    if model_args and not model_args.lora:
+        for key in ("lora_path", "lora_target_modules", "lora_save_merged"):
+            if getattr(model_args, key):
+                raise ValueError(f"{key}={getattr(model_args, key)!r} applies to LoRA adapters: set lora true")
+    if model_args and model_args.lora and model_args.lora_rank <= 0:
+        raise ValueError(f"lora_rank must be positive, got {model_args.lora_rank}")
     if data_args and training_args and bool(data_args.ptx_datasets) != (training_args.ptx_coeff > 0):
         raise ValueError(
             f"ptx_datasets={data_args.ptx_datasets!r} and ptx_coeff={training_args.ptx_coeff} go together: set both or neither"

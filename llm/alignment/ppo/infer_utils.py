@@ -150,7 +150,14 @@ def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_
         response_ids = decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling)
     else:
         response_ids = decode_with_generate(model, tokenizer, input_ids, prompt_mask, sampling)
-    model.train(was_training)
+    if was_training:  # (LoRAModel.train takes no mode argument)
+        model.train()
+    return package_rollouts(tokenizer, items, n, input_ids, prompt_mask, response_ids)
+
+
+def package_rollouts(tokenizer, items, n, input_ids, prompt_mask, response_ids):
+    """The `Experience` of `n` responses per item: left-padded prompts `input_ids` [B, P] with `prompt_mask`,
+    and the sampled `response_ids` [B, R] (anything after a row's first EOS is ignored)."""
     response_mask, finished = response_mask_from_tokens(response_ids, tokenizer.eos_token_id)
     # Padding after EOS becomes pad tokens, so decoding never shows what the model emitted past the end.
     response_ids = paddle.where(response_mask > 0, response_ids, paddle.full_like(response_ids, tokenizer.pad_token_id))

@@ -46,6 +46,7 @@ from llm.alignment.ppo.comm_utils import (
 from llm.alignment.ppo.data import IGNORE_INDEX
 from llm.alignment.ppo.experience import Experience
 from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
+from llm.alignment.ppo.models.lora_utils import adapters_disabled, is_lora, save_merged
 from llm.alignment.ppo.models.ppo_model_utils import PolicyObjective, ValueObjective
 from llm.alignment.ppo.models.score_model_utils import RunningMeanStd
 
@@ -85,13 +86,16 @@ def decay_filter(model):
 class PPOTrainer(Trainer):
     def __init__(
         self, model, reference_model, tokenizer, args, train_dataset, eval_dataset, reward_scorer,
-        critic_model=None, ptx_dataset=None,
+        critic_model=None, ptx_dataset=None, lora_save_merged=False,
     ):
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, tokenizer=tokenizer)
         self.reference_model = reference_model
         self.reward_scorer = reward_scorer
         self.critic = critic_model
         self.ptx_dataset = ptx_dataset
+        self.lora_save_merged = lora_save_merged
+        if args.uses_reference_model and reference_model is None and not is_lora(model):
+            raise ValueError("the KL term needs a reference model (or a LoRA actor, whose base weights serve as one)")
         self.reward_normalizer = RunningMeanStd(1) if args.normalize_reward else None
         # Batches drawn from the prompt (train) and ptx data; more than one prompt batch per step with
         # dynamic sampling, so resume needs the counts.
@@ -131,6 +135,15 @@ class PPOTrainer(Trainer):
             grad_clip=paddle.nn.ClipGradByGlobalNorm(args.max_grad_norm) if args.max_grad_norm > 0 else None,
             **optimizer_kwargs,
         )
+
+    def wrap_with_optimizer(self, model, optimizer):
+        """`Trainer._wrap_model` wraps `self.optimizer` along with the model (mixed precision, fleet's hybrid or
+        sharded optimizer): the critic's optimizer is passed through it the same way."""
+        actor_optimizer, self.optimizer = self.optimizer, optimizer
+        try:
+            return self._wrap_model(model), self.optimizer
+        finally:
+            self.optimizer = actor_optimizer
 
     def endless_batches(self, stream, dataset, batch_size, collate=list):
         """Endless batches of this rank's share of `dataset`, counted in `self.batches_drawn[stream]` and
@@ -197,7 +210,7 @@ class PPOTrainer(Trainer):
         self.model_wrapped = self._wrap_model(self.model)
         if self.critic is not None:
             self.create_critic_optimizer(num_steps)
-            self.critic_wrapped = self._wrap_model(self.critic)
+            self.critic_wrapped, self.critic_optimizer = self.wrap_with_optimizer(self.critic, self.critic_optimizer)
         start_step = self.load_checkpoint(resume_from_checkpoint) if resume_from_checkpoint else 0
         self.ptx_batches = None
         if self.ptx_dataset is not None:
@@ -211,8 +224,8 @@ class PPOTrainer(Trainer):
         exp, generation = self.make_experience(batches)
         if self.needs_old_logprobs:
             exp.old_logprobs = self.compute_logprobs(self.model, exp)
-        if self.reference_model is not None:
-            exp.ref_logprobs = self.compute_logprobs(self.reference_model, exp)
+        if args.uses_reference_model:
+            exp.ref_logprobs = self.compute_reference_logprobs(exp)
         if self.critic is not None:
             exp.values = self.compute_values(exp)
         token_kl = exp.old_logprobs - exp.ref_logprobs if args.kl_in_reward else None
@@ -281,6 +294,14 @@ class PPOTrainer(Trainer):
             chunks.append(gather_logprobs(logits, response_labels(micro), self.vocab_group))
         return paddle.concat(chunks, axis=0)
 
+    def compute_reference_logprobs(self, exp):
+        """The reference model's log-probs; for a LoRA actor without a separate reference, the actor's own
+        with its adapters switched off (the base weights)."""
+        if self.reference_model is not None:
+            return self.compute_logprobs(self.reference_model, exp)
+        with adapters_disabled(self.model):
+            return self.compute_logprobs(self.model, exp)
+
     @paddle.no_grad()
     def compute_values(self, exp):
         """Critic values at rollout time, in micro-batches: [B, R]."""
@@ -325,7 +346,9 @@ class PPOTrainer(Trainer):
     def backward(self, wrapped, loss_fn, micro, steps_now):
         """Backward of `loss_fn(micro)` scaled for accumulation; gradients are synchronised across data-parallel
         ranks only on the micro-batch that steps."""
-        sync = contextlib.nullcontext() if steps_now or not is_distributed() else wrapped.no_sync()
+        # fleet's hybrid-parallel wrappers have no no_sync: their optimizer reduces gradients when it steps.
+        deferred = not steps_now and is_distributed() and hasattr(wrapped, "no_sync")
+        sync = wrapped.no_sync() if deferred else contextlib.nullcontext()
         with sync:
             loss, stats = loss_fn(micro)
             (loss / self.args.gradient_accumulation_steps).backward()
@@ -442,13 +465,17 @@ class PPOTrainer(Trainer):
                 self.tokenizer.save_pretrained(os.path.join(folder, name))
 
     def save_final_models(self):
-        """output_dir/policy and output_dir/value, each written to a temp folder and renamed when complete."""
+        """output_dir/policy and output_dir/value (a LoRA policy as its adapters, plus output_dir/policy_merged
+        with `lora_save_merged`), each written to a temp folder and renamed when complete."""
         if self.is_world_process_zero():
-            for name, model in [("policy", self.model), ("value", self.critic)]:
-                if model is not None:
-                    with atomic_directory(os.path.join(self.args.output_dir, name)) as tmp:
-                        model.save_pretrained(tmp)
-                        self.tokenizer.save_pretrained(tmp)
+            saves = [("policy", self.model, self.model.save_pretrained)]
+            saves += [("value", self.critic, self.critic.save_pretrained)] if self.critic is not None else []
+            if self.lora_save_merged:
+                saves.append(("policy_merged", self.model, lambda folder: save_merged(self.model, folder)))
+            for name, model, save in saves:
+                with atomic_directory(os.path.join(self.args.output_dir, name)) as tmp:
+                    save(tmp)
+                    self.tokenizer.save_pretrained(tmp)
         barrier()
 
     def save_checkpoint(self):

@@ -11,7 +11,9 @@ if not __package__:  # run as a script path: make the repository root importable
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
 
 import paddle
+from paddlenlp.peft import LoRAConfig, LoRAModel
 from paddlenlp.trainer import set_seed
+from paddlenlp.trl.llm_utils import get_lora_target_modules
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 from paddlenlp.utils.log import logger
 
@@ -40,25 +42,77 @@ def checkpoint_or(path, training_args, name):
     return folder
 
 
+def parallel_options(training_args, recompute_granularity=None, score_model=False):
+    """from_pretrained options of every model: the tensor-parallel layout and, with O2 mixed precision,
+    half-precision weights (PaddleNLP's choice); `recompute_granularity` for the models that train.
+    Sequence parallel applies to the causal LMs only: score heads read every position's hidden state."""
+    options = {
+        "tensor_parallel_degree": max(training_args.tensor_parallel_degree, 1),
+        "tensor_parallel_rank": training_args.tensor_parallel_rank,
+        "sequence_parallel": training_args.sequence_parallel and not score_model,
+    }
+    if training_args.fp16_opt_level == "O2" and (training_args.bf16 or training_args.fp16):
+        options["dtype"] = "bfloat16" if training_args.bf16 else "float16"
+    if recompute_granularity is not None:
+        options["recompute_granularity"] = recompute_granularity
+    return options
+
+
+def with_lora(actor, model_args, training_args):
+    """The actor wrapped with LoRA adapters (only they train): the resumed checkpoint's, else `lora_path`'s,
+    else fresh ones on `lora_target_modules` (default: the attention and MLP projections)."""
+    adapters = checkpoint_or(model_args.lora_path, training_args, "policy")
+    if adapters:
+        actor = LoRAModel.from_pretrained(actor, adapters)
+    else:
+        targets = model_args.lora_target_modules
+        config = LoRAConfig(
+            target_modules=targets.split(",") if targets else get_lora_target_modules(actor),
+            r=model_args.lora_rank,
+            lora_alpha=model_args.lora_alpha or 2 * model_args.lora_rank,
+            tensor_parallel_degree=max(training_args.tensor_parallel_degree, 1),
+            dtype=actor.config.dtype,
+            base_model_name_or_path=model_args.actor_model_name_or_path,
+        )
+        actor = LoRAModel(actor, config)
+    actor.mark_only_lora_as_trainable()
+    actor.print_trainable_parameters()
+    return actor
+
+
 def load_models(model_args, training_args):
     """The actor and critic (from the checkpoint when resuming), and the frozen reference and reward models
-    the config calls for. The critic starts from `reward_critic_model_name_or_path`, else the reward model,
-    else the actor's backbone (with a fresh score head)."""
-    actor = AutoModelForCausalLM.from_pretrained(checkpoint_or(model_args.actor_model_name_or_path, training_args, "policy"))
+    the config calls for. With LoRA the reference is the actor with its adapters disabled, unless
+    `reference_model_name_or_path` names another model. The critic starts from
+    `reward_critic_model_name_or_path`, else the reward model, else the actor's backbone (with a fresh score head)."""
+    actor_path = model_args.actor_model_name_or_path
+    actor = AutoModelForCausalLM.from_pretrained(
+        actor_path if model_args.lora else checkpoint_or(actor_path, training_args, "policy"),
+        **parallel_options(training_args, training_args.recompute_granularity),
+    )
+    if model_args.lora:
+        actor = with_lora(actor, model_args, training_args)
     reference = None
-    if training_args.uses_reference_model:
+    if training_args.uses_reference_model and not (model_args.lora and model_args.reference_model_name_or_path is None):
         reference = frozen(
-            AutoModelForCausalLM.from_pretrained(model_args.reference_model_name_or_path or model_args.actor_model_name_or_path)
+            AutoModelForCausalLM.from_pretrained(
+                model_args.reference_model_name_or_path or actor_path, **parallel_options(training_args)
+            )
         )
     reward_model = None
     if model_args.reward_model_name_or_path:
-        reward_model = frozen(AutoModelForScore.from_pretrained(model_args.reward_model_name_or_path))
+        reward_model = frozen(
+            AutoModelForScore.from_pretrained(
+                model_args.reward_model_name_or_path, **parallel_options(training_args, score_model=True)
+            )
+        )
     critic = None
     if training_args.uses_critic:
-        initial = model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path or model_args.actor_model_name_or_path
+        initial = model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path or actor_path
         # Raw values, and no score statistics to track (a collective in every training forward).
         critic = AutoModelForScore.from_pretrained(
-            checkpoint_or(initial, training_args, "value"), score_type="critic", do_normalize=False, normalizer_type=None
+            checkpoint_or(initial, training_args, "value"), score_type="critic", do_normalize=False, normalizer_type=None,
+            **parallel_options(training_args, training_args.critic_recompute_granularity, score_model=True),
         )
         if training_args.critic_recompute:
             critic.recompute_enable()
@@ -101,6 +155,7 @@ def build_trainer(argv):
         reward_scorer=build_reward_scorer(training_args, reward_model, reward_tokenizer),
         critic_model=critic,
         ptx_dataset=SupervisedDataset(data_args.ptx_datasets, tokenizer, data_args.max_length, **columns) if data_args.ptx_datasets else None,
+        lora_save_merged=model_args.lora_save_merged,
     )
 
 

@@ -75,6 +75,8 @@ class ScoreModelMixin:
 
     def __init__(self, config, **overrides):
         super().__init__(config)
+        if getattr(config, "sequence_parallel", False):
+            raise ValueError("sequence_parallel splits positions over ranks, but a score head reads every position: load score models without it")
         apply_score_config(config, **overrides)
         setattr(self, self.base_model_prefix, self.backbone_class(config))
         self.score_head = nn.Linear(config.hidden_size, config.score_dim, bias_attr=config.score_bias)

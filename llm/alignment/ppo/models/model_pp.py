@@ -1,0 +1,131 @@
+"""Pipeline-parallel policy and value models for RL, on paddlenlp's Qwen2 / Llama causal-LM pipes.
+
+The policy pipes keep the causal LM's layers and take the RL policy objective as their pipeline loss; the
+value pipes replace the LM head with the critic's score head and take the value objective. Both build
+their loss from an objective given at construction (`PolicyObjective` / `ValueObjective` of
+ppo_model_utils.py), the same objects the plain models train with:
+
+    Qwen2PolicyPipe.from_pretrained(path, objective=PolicyObjective.from_args(args))
+    Qwen2ValuePipe.from_pretrained(path, objective=ValueObjective.from_args(args))
+
+`from_pretrained` reads the plain checkpoints: a causal LM's for the policy (`qwen2.*`, `lm_head.*`), a
+score model's for the value pipe (`qwen2.*`, `score_head.*`; a causal LM's starts a fresh score head).
+paddlenlp's PipelinePretrainedModel names each pipeline layer's parameters with the prefix it was added
+under (`add_sequential_layer(desc, prefix)`), so `state_dict()` / `set_state_dict()` speak the plain
+names; the score head is added under `score_head`, the name the score model gives it. How to pack a batch
+for `train_batch` is described in pp_model_utils.py.
+"""
+
+from paddle.distributed.fleet.meta_parallel import LayerDesc, SharedLayerDesc
+from paddlenlp.transformers import LlamaForCausalLMPipe, Qwen2ForCausalLMPipe
+from paddlenlp.transformers.llama.modeling import LlamaLMHead
+from paddlenlp.transformers.qwen2.modeling import Qwen2LMHead
+
+from llm.alignment.ppo.comm_utils import vocab_parallel_group
+from llm.alignment.ppo.models.pp_model_utils import (
+    PolicyPipeLoss,
+    ScoreHeadPipe,
+    TiedLMHead,
+    ValuePipeLoss,
+    policy_labels,
+    split_pipeline_inputs,
+    value_labels,
+)
+from llm.alignment.ppo.models.score_model import apply_score_config
+
+LM_HEAD_PREFIX = "lm_head"
+SCORE_HEAD_PREFIX = "score_head"
+
+
+class PolicyPipeMixin:
+    """A causal-LM pipe whose pipeline loss is the RL policy objective. `lm_head_class`: the model's LM head."""
+
+    lm_head_class = None
+
+    def __init__(self, config, objective):
+        # PipelineLayer builds the loss inside the base __init__ (get_loss_fn), so the objective goes first.
+        self.objective = objective
+        super().__init__(config)
+
+    @classmethod
+    def _prepare_pipeline_inputs_func(cls, inputs):
+        return split_pipeline_inputs(inputs, policy_labels)
+
+    def get_loss_fn(self, config):
+        return PolicyPipeLoss(self.objective, vocab_parallel_group(self))
+
+    def add_sequential_layer(self, layer_desc, name_prefix=""):
+        if name_prefix == LM_HEAD_PREFIX and isinstance(layer_desc, SharedLayerDesc):
+            layer_desc.forward_func = TiedLMHead(self.lm_head_class, self.config)
+        super().add_sequential_layer(layer_desc, name_prefix)
+
+
+class ValuePipeMixin:
+    """A causal-LM pipe with the critic's score head in place of the LM head and the value objective as its
+    pipeline loss. Score settings come from the config (a score checkpoint's) or keyword overrides, as for
+    the plain score models; the critic keeps raw values, so `do_normalize` must be off."""
+
+    def __init__(self, config, objective, **score_overrides):
+        apply_score_config(config, **score_overrides)
+        if config.do_normalize:
+            raise ValueError("a value pipe returns raw values: load it with do_normalize=False")
+        if config.sequence_parallel:
+            raise ValueError("a value pipe needs [B, L, H] hidden states: sequence_parallel is not supported")
+        self.objective = objective
+        super().__init__(config)
+
+    @classmethod
+    def _prepare_pipeline_inputs_func(cls, inputs):
+        return split_pipeline_inputs(inputs, value_labels)
+
+    def get_loss_fn(self, config):
+        return ValuePipeLoss(self.objective)
+
+    def add_sequential_layer(self, layer_desc, name_prefix=""):
+        if name_prefix == LM_HEAD_PREFIX:
+            layer_desc, name_prefix = LayerDesc(ScoreHeadPipe, config=self.config), SCORE_HEAD_PREFIX
+        elif isinstance(layer_desc, SharedLayerDesc):
+            # Without an LM head there is nothing to tie the embedding to: an ordinary layer, no shared weight.
+            layer_desc = LayerDesc(layer_desc.layer_func, *layer_desc.inputs, **layer_desc.kwargs)
+        super().add_sequential_layer(layer_desc, name_prefix)
+
+
+# A score checkpoint's normalizer statistics have no use in a critic that keeps raw values.
+CRITIC_IGNORED_KEYS = [r"normalizer\."]
+
+
+class Qwen2PolicyPipe(PolicyPipeMixin, Qwen2ForCausalLMPipe):
+    lm_head_class = Qwen2LMHead
+
+
+class LlamaPolicyPipe(PolicyPipeMixin, LlamaForCausalLMPipe):
+    lm_head_class = LlamaLMHead
+
+
+class Qwen2ValuePipe(ValuePipeMixin, Qwen2ForCausalLMPipe):
+    _keys_to_ignore_on_load_unexpected = Qwen2ForCausalLMPipe._keys_to_ignore_on_load_unexpected + CRITIC_IGNORED_KEYS
+
+
+class LlamaValuePipe(ValuePipeMixin, LlamaForCausalLMPipe):
+    _keys_to_ignore_on_load_unexpected = LlamaForCausalLMPipe._keys_to_ignore_on_load_unexpected + CRITIC_IGNORED_KEYS
+
+
+POLICY_PIPES = {"qwen2": Qwen2PolicyPipe, "llama": LlamaPolicyPipe}
+VALUE_PIPES = {"qwen2": Qwen2ValuePipe, "llama": LlamaValuePipe}
+
+
+def pipe_class(pipes, config):
+    model_type = getattr(config, "model_type", None)
+    if model_type not in pipes:
+        raise ValueError(f"no pipeline model for model_type {model_type!r}; supported: {sorted(pipes)}")
+    return pipes[model_type]
+
+
+def policy_pipe_class(config):
+    """The policy pipe for a plain causal LM's config (by `model_type`: qwen2, llama)."""
+    return pipe_class(POLICY_PIPES, config)
+
+
+def value_pipe_class(config):
+    """The value pipe for a plain causal LM's or score model's config (by `model_type`)."""
+    return pipe_class(VALUE_PIPES, config)

@@ -1,0 +1,49 @@
+"""One GRPO step of run_ppo on fixed rollouts, alone or under `paddle.distributed.launch`:
+
+    python tests/probes/grpo_first_step.py METRICS.json CONFIG.json [--key value ...]
+
+Sampling draws different random numbers for a different batch layout, so the rollouts are fixed instead:
+for each prompt the right sum and wrong ones, rewards that differ within every group. Everything after
+the rollout (rewards, log-probs, advantages, the update with data-parallel gradient synchronisation,
+metrics over ranks) is run_ppo's own. Rank 0 writes the step's metrics to METRICS.json.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import paddle  # noqa: E402
+
+from llm.alignment.ppo import ppo_trainer, run_ppo  # noqa: E402
+from llm.alignment.ppo.comm_utils import finish_distributed_run  # noqa: E402
+from llm.alignment.ppo.infer_utils import left_pad, package_rollouts  # noqa: E402
+
+# Added to the right sum: the answers of one group, the first one right.
+ANSWER_OFFSETS = (0, 1, -1, 10)
+
+
+def fixed_rollouts(model, tokenizer, items, n, sampling, use_fast=True):
+    input_ids, prompt_mask = left_pad([item["input_ids"] for item in items for _ in range(n)], tokenizer.pad_token_id)
+    answers = [str(int(item["label"]) + ANSWER_OFFSETS[i % len(ANSWER_OFFSETS)]) for item in items for i in range(n)]
+    responses = [tokenizer.encode(a, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for a in answers]
+    width = max(map(len, responses))
+    padded = [r + [tokenizer.pad_token_id] * (width - len(r)) for r in responses]
+    return package_rollouts(tokenizer, items, n, input_ids, prompt_mask, paddle.to_tensor(padded, dtype="int64"))
+
+
+def first_step_metrics(argv):
+    ppo_trainer.generate_rollouts = fixed_rollouts
+    trainer = run_ppo.build_trainer(argv)
+    trainer.prepare_training()
+    _, metrics = trainer.rl_step(trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size))
+    return trainer, metrics
+
+
+if __name__ == "__main__":
+    trainer, metrics = first_step_metrics(sys.argv[2:])
+    if trainer.is_world_process_zero():
+        with open(sys.argv[1], "w") as f:
+            json.dump(metrics, f)
+    finish_distributed_run()

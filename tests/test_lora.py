@@ -17,7 +17,7 @@ from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
 LORA = {"use_rm_server": False, "use_rule_reward": True, "lora": True, "lora_rank": 4, "learning_rate": 5e-3,
-        "kl_loss_coeff": 0.05, "save_steps": 2, "eval_datasets": None}
+        "kl_loss_coeff": 0.05, "save_steps": 2, "eval_datasets": None, "offload_level": "freeze_model optimizer train_model"}
 
 
 def lora_argv(world, output_dir, **changes):
@@ -26,7 +26,8 @@ def lora_argv(world, output_dir, **changes):
 
 @pytest.fixture(scope="module")
 def lora_run(tiny_world, tmp_path_factory):
-    """Three GRPO steps of a LoRA actor with a KL term, saving the merged policy too."""
+    """Three GRPO steps of a LoRA actor with a KL term, saving the merged policy too (every offload scope
+    opened on the way: a no-op on CPU)."""
     output_dir = tmp_path_factory.mktemp("lora_run")
     run_ppo.main([TINY_CONFIG, *lora_argv(tiny_world, output_dir, lora_save_merged=True)])
     return output_dir

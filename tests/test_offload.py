@@ -34,7 +34,7 @@ class TinyNet(paddle.nn.Layer):
         return self.norm(self.proj(x)) * self.scale + self.offset
 
 
-def make_trained_pair(seed=7):
+def make_model_and_optimizer(seed=7):
     paddle.seed(seed)
     model = TinyNet()
     optimizer = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters(), weight_decay=0.1)
@@ -65,7 +65,7 @@ def all_moved(before, after):
 
 
 def test_model_round_trip_keeps_objects_values_and_gradients():
-    model, _ = make_trained_pair()
+    model, _ = make_model_and_optimizer()
     model.norm.weight.stop_gradient = True
     batch = batches(1)[0]
     model(batch).sum().backward()
@@ -98,8 +98,8 @@ def test_uninitialized_tensors_are_left_alone():
 
 
 def test_adamw_states_round_trip_and_next_step_matches_no_offload():
-    offloaded_model, offloaded_opt = make_trained_pair()
-    plain_model, plain_opt = make_trained_pair()
+    offloaded_model, offloaded_opt = make_model_and_optimizer()
+    plain_model, plain_opt = make_model_and_optimizer()
     first, second, third = batches(3)
     assert optimizer_tensors(offloaded_opt) == []  # states appear on the first step
     assert move_tensors_(optimizer_tensors(offloaded_opt), CPU, CPU) == 0
@@ -124,11 +124,11 @@ def test_adamw_states_round_trip_and_next_step_matches_no_offload():
 
 
 def test_resumed_optimizer_state_and_master_weights_are_moved():
-    model, optimizer = make_trained_pair()
+    model, optimizer = make_model_and_optimizer()
     train_step(model, optimizer, batches(1)[0])
     saved = {k: v.clone() for k, v in optimizer.state_dict().items()}
     saved["master_weights"] = {p.name: p.clone() for p in model.parameters()}
-    resumed_model, resumed_opt = make_trained_pair()
+    _, resumed_opt = make_model_and_optimizer()
     resumed_opt.set_state_dict(saved)
 
     pending = optimizer_tensors(resumed_opt)  # no step yet: held until the first step, plus the master weights
@@ -141,8 +141,8 @@ def test_resumed_optimizer_state_and_master_weights_are_moved():
 
 
 def test_plan_scopes_train_like_no_offload_and_pick_up_lazy_states():
-    actor, actor_opt = make_trained_pair()
-    plain_actor, plain_opt = make_trained_pair()
+    actor, actor_opt = make_model_and_optimizer()
+    plain_actor, plain_opt = make_model_and_optimizer()
     plan = OffloadPlan({"train_model": [actor], "optimizer": [actor_opt, None]}, CPU, CPU)
     assert plan.groups == {"train_model", "optimizer"}
     plan.offload_all()
@@ -156,8 +156,8 @@ def test_plan_scopes_train_like_no_offload_and_pick_up_lazy_states():
 
 
 def test_on_device_reloads_then_offloads_also_on_error_and_nests():
-    reference, _ = make_trained_pair()
-    actor, actor_opt = make_trained_pair()
+    reference, _ = make_model_and_optimizer()
+    actor, actor_opt = make_model_and_optimizer()
     train_step(actor, actor_opt, batches(1)[0])
     plan = OffloadPlan({"freeze_model": [reference], "train_model": [actor]}, CPU, CPU)
     frozen, trained, states = model_tensors(reference), model_tensors(actor), optimizer_tensors(actor_opt)
@@ -214,7 +214,9 @@ def test_parse_offload_level(value, expected):
     assert parse_offload_level(value) == frozenset(expected)
 
 
-@pytest.mark.parametrize("value, bad", [("optimizer,gpu_cache", "gpu_cache"), ("Optimizer", "Optimizer"), ("optimiser", "optimiser")])
+@pytest.mark.parametrize(
+    "value, bad", [("optimizer,gpu_cache", "gpu_cache"), ("Optimizer", "Optimizer"), ("optimiser", "optimiser")]
+)
 def test_parse_offload_level_names_key_bad_value_and_valid_names(value, bad):
     with pytest.raises(ValueError) as error:
         parse_offload_level(value)
@@ -235,12 +237,14 @@ def paddlenlp_log(caplog):
 @pytest.mark.skipif(paddle.is_compiled_with_cuda(), reason="the CPU no-op needs a paddle without CUDA")
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
 def test_cpu_plan_moves_nothing_and_says_so_once(device, paddlenlp_log):
-    reference, _ = make_trained_pair()
-    actor, actor_opt = make_trained_pair()
+    reference, _ = make_model_and_optimizer()
+    actor, actor_opt = make_model_and_optimizer()
     train_step(actor, actor_opt, batches(1)[0])
     everything = model_tensors(reference) + model_tensors(actor) + optimizer_tensors(actor_opt)
     start = pointers(everything)
-    plan = OffloadPlan.from_level("freeze_model optimizer,train_model", device, [reference, None], [actor], [actor_opt])
+    plan = OffloadPlan.from_level(
+        "freeze_model optimizer,train_model", device, frozen=[reference, None], trained=[actor], optimizers=[actor_opt]
+    )
     assert plan.groups == frozenset() and not paddlenlp_log.records
 
     plan.offload_all()

@@ -181,8 +181,7 @@ class RLTrainingArguments(TrainingArguments):
         return self.update_iters * micro_batches // self.gradient_accumulation_steps
 
     def validate_parallel(self):
-        on_accelerator = self.device != "cpu" and paddle.device.get_device() != "cpu"
-        check_parallel_degrees(self, paddle.distributed.get_world_size(), on_accelerator)
+        check_launch_layout(self)
         self.offload_level = " ".join(sorted(parse_offload_level(self.offload_level)))
         for key in ("recompute_granularity", "critic_recompute_granularity"):
             if getattr(self, key) not in RECOMPUTE_GRANULARITIES:
@@ -285,6 +284,12 @@ def check_parallel_degrees(args, world_size, on_accelerator):
             f"{used} need GPUs (Paddle runs tensor, pipeline and sharding parallel on GPUs only); "
             "on CPU only data parallel runs: remove these keys or launch on GPUs"
         )
+
+
+def check_launch_layout(args):
+    """`check_parallel_degrees` for this launch: its process count and whether it runs on an accelerator."""
+    on_accelerator = args.device != "cpu" and paddle.device.get_device() != "cpu"
+    check_parallel_degrees(args, paddle.distributed.get_world_size(), on_accelerator)
 
 
 ARGUMENT_CLASSES = (ModelArgument, DataArgument, RLTrainingArguments)

@@ -40,7 +40,7 @@ def optimizer_tensors(optimizer):
     Fleet's optimizer wrappers forward these attributes to the inner optimizer.
     """
     accumulators = [tensor for per_param in optimizer._accumulators.values() for tensor in per_param.values()]
-    master_weights = list(getattr(optimizer, "_master_weights", {}).values())
+    master_weights = list(optimizer._master_weights.values())
     # A resumed state waits here until the first step copies it into fresh accumulators.
     pending = [value for value in optimizer._accumulators_holder.values() if isinstance(value, paddle.Tensor)]
     return accumulators + master_weights + pending
@@ -49,14 +49,18 @@ def optimizer_tensors(optimizer):
 def move_tensors_(tensors, from_place, to_place):
     """Move each initialized tensor that lives on `from_place` to `to_place`, in place; return how many moved.
 
-    Tensors elsewhere stay: AdamW keeps its beta pows on CPU even when training on GPU.
+    Places are paddle.CPUPlace, CUDAPlace or CUDAPinnedPlace objects. Tensors elsewhere stay: AdamW keeps
+    its beta pows on CPU even when training on GPU. If a copy fails (out of memory), no tensor has moved.
     """
     movable = [tensor for tensor in tensors if tensor._is_initialized() and tensor.place._equals(from_place)]
+    if not movable:
+        return 0
     with paddle.no_grad():
         copies = [tensor._copy_to(to_place, False) for tensor in movable]
-        # Every source stays referenced until the asynchronous copies have landed.
-        if paddle.is_compiled_with_cuda():
-            paddle.device.synchronize()
+        # The sources stay referenced until the asynchronous copies have landed.
+        for place in (from_place, to_place):
+            if isinstance(place, paddle.CUDAPlace):
+                paddle.device.synchronize(place)
         for tensor, copy in zip(movable, copies):
             copy._share_buffer_to(tensor)
     return len(movable)
@@ -86,7 +90,7 @@ class OffloadPlan:
 
     def __init__(self, groups, host_place, device_place, notice=None):
         _check_group_names(groups)
-        self._groups = {name: [owner for owner in owners if owner is not None] for name, owners in groups.items()}; self._frozen = {n: [t for o in self._groups[n] for t in _tensors_of(o)] for n in self._groups}
+        self._groups = {name: [owner for owner in owners if owner is not None] for name, owners in groups.items()}
         self._host_place = host_place
         self._device_place = device_place
         self._users = dict.fromkeys(self._groups, 0)

@@ -49,6 +49,7 @@ from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
 from llm.alignment.ppo.models.lora_utils import adapters_disabled, is_lora, save_merged
 from llm.alignment.ppo.models.ppo_model_utils import PolicyObjective, ValueObjective
 from llm.alignment.ppo.models.score_model_utils import RunningMeanStd
+from llm.alignment.ppo.offload_utils import OffloadPlan
 
 OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE = "optimizer.pdopt", "scheduler.pdparams", "trainer_state.json"
 DATA_STATE_FILE = "data_state.json"
@@ -109,6 +110,17 @@ class PPOTrainer(Trainer):
         # so the old log-probs equal the current ones (detached): one forward pass saved, unless the
         # token rewards need them before the update (a KL penalty in the reward).
         self.needs_old_logprobs = args.optimizer_steps_per_rl_step > 1 or args.kl_in_reward
+        self.offload = self.offload_plan()
+
+    def offload_plan(self):
+        """`offload_level`'s plan over the models and the optimizers created so far."""
+        return OffloadPlan.from_level(
+            self.args.offload_level, self.args.device,
+            # The reward model, when rewards come from one, sits in its scorer.
+            frozen=[self.reference_model, getattr(self.reward_scorer, "model", None)],
+            trained=[self.model, self.critic],
+            optimizers=[self.optimizer, getattr(self, "critic_optimizer", None)],
+        )
 
     # ---- set-up -------------------------------------------------------------------------------------
 
@@ -212,6 +224,8 @@ class PPOTrainer(Trainer):
             self.create_critic_optimizer(num_steps)
             self.critic_wrapped, self.critic_optimizer = self.wrap_with_optimizer(self.critic, self.critic_optimizer)
         start_step = self.load_checkpoint(resume_from_checkpoint) if resume_from_checkpoint else 0
+        self.offload = self.offload_plan()
+        self.offload.offload_all()
         self.ptx_batches = None
         if self.ptx_dataset is not None:
             collate = DataCollatorForSeq2Seq(self.tokenizer, padding=True, label_pad_token_id=IGNORE_INDEX, return_tensors="pd")
@@ -222,12 +236,13 @@ class PPOTrainer(Trainer):
         args = self.args
         started = time.time()
         exp, generation = self.make_experience(batches)
-        if self.needs_old_logprobs:
-            exp.old_logprobs = self.compute_logprobs(self.model, exp)
+        with self.offload.on_device("train_model"):
+            if self.needs_old_logprobs:
+                exp.old_logprobs = self.compute_logprobs(self.model, exp)
+            if self.critic is not None:
+                exp.values = self.compute_values(exp)
         if args.uses_reference_model:
             exp.ref_logprobs = self.compute_reference_logprobs(exp)
-        if self.critic is not None:
-            exp.values = self.compute_values(exp)
         token_kl = exp.old_logprobs - exp.ref_logprobs if args.kl_in_reward else None
         advantages = call_with_options(
             self.advantage_fn, exp.rewards, exp.response_mask, group_index=exp.group_index, values=exp.values,
@@ -235,7 +250,8 @@ class PPOTrainer(Trainer):
             lam=args.lam, normalize_advantage=args.normalize_advantage,
         )
         exp.advantages, exp.returns = advantages if isinstance(advantages, tuple) else (advantages, None)
-        train_stats = self.update(exp)
+        with self.offload.on_device("train_model", "optimizer"):
+            train_stats = self.update(exp)
         metrics = self.rollout_metrics(exp, generation) | train_stats
         metrics["step_time"] = time.time() - started
         metrics["eps"] = len(exp) * data_parallel_rank_and_size()[1] / metrics["step_time"]
@@ -250,7 +266,7 @@ class PPOTrainer(Trainer):
         kept, dropped, seconds = [], [], 0.0
         for generated in range(1, max(1, args.max_gen_batches) + 1):
             started = time.time()
-            with self.autocast_smart_context_manager():
+            with self.offload.on_device("train_model"), self.autocast_smart_context_manager():
                 exp = generate_rollouts(self.model, self.tokenizer, next(batches), args.rollout_n, self.sampling, args.use_fusemt)
             seconds += time.time() - started
             self.score(exp)
@@ -269,7 +285,7 @@ class PPOTrainer(Trainer):
     def score(self, exp):
         """exp.scores from the reward source; exp.rewards after penalties, normalisation and clipping."""
         args = self.args
-        with self.autocast_smart_context_manager():
+        with self.offload.on_device("freeze_model"), self.autocast_smart_context_manager():
             exp.scores = paddle.to_tensor(self.reward_scorer.score(exp), dtype="float32")
         rewards = exp.scores
         if args.missing_eos_penalty:
@@ -298,8 +314,9 @@ class PPOTrainer(Trainer):
         """The reference model's log-probs; for a LoRA actor without a separate reference, the actor's own
         with its adapters switched off (the base weights)."""
         if self.reference_model is not None:
-            return self.compute_logprobs(self.reference_model, exp)
-        with adapters_disabled(self.model):
+            with self.offload.on_device("freeze_model"):
+                return self.compute_logprobs(self.reference_model, exp)
+        with self.offload.on_device("train_model"), adapters_disabled(self.model):
             return self.compute_logprobs(self.model, exp)
 
     @paddle.no_grad()
@@ -381,7 +398,8 @@ class PPOTrainer(Trainer):
         grad_norm = float(paddle.sqrt(sum((g.astype("float32") ** 2).sum() for g in grads)))
         optimizer.step()
         lr_scheduler.step()
-        optimizer.clear_grad()
+        # Gradients are freed, not zeroed, so an offloaded model leaves no gradient memory on the device.
+        optimizer.clear_grad(set_to_zero=False)
         return grad_norm
 
     # ---- metrics, samples, evaluation ---------------------------------------------------------------
@@ -440,9 +458,10 @@ class PPOTrainer(Trainer):
         greedy = SamplingConfig.from_args(self.args, greedy=True)
         totals = {"correct": 0.0, "reward": 0.0, "count": 0.0}
         for start in range(0, len(shard), size):
-            with self.autocast_smart_context_manager():
-                items = [dataset[i] for i in shard[start : start + size]]
+            items = [dataset[i] for i in shard[start : start + size]]
+            with self.offload.on_device("train_model"), self.autocast_smart_context_manager():
                 exp = generate_rollouts(self.model, self.tokenizer, items, 1, greedy, self.args.use_fusemt)
+            with self.offload.on_device("freeze_model"), self.autocast_smart_context_manager():
                 scores = self.reward_scorer.score(exp)
             if self.reward_scorer.max_score is not None:
                 totals["correct"] += sum(s >= self.reward_scorer.max_score for s in scores)

@@ -19,10 +19,10 @@ import paddle
 from paddlenlp.trainer import TrainingArguments, set_seed
 
 from llm.alignment.ppo.algos import PAIRWISE_LOSSES
-from llm.alignment.ppo.arguments import parse_arguments
+from llm.alignment.ppo.arguments import check_launch_layout, parse_arguments
 from llm.alignment.ppo.comm_utils import finish_distributed_run
 from llm.alignment.ppo.data import PreferenceCollator, PreferenceDataset
-from llm.alignment.ppo.run_ppo import load_tokenizer
+from llm.alignment.ppo.run_ppo import load_tokenizer, parallel_options
 from llm.alignment.rm.models.score_model import AutoModelForScore
 from llm.alignment.rm.models.score_model_utils import NORMALIZERS
 from llm.alignment.rm.reward_trainer import RewardTrainer
@@ -55,6 +55,7 @@ class RewardTrainingArguments(TrainingArguments):
     normalizer_momentum: float = field(default=0.9, metadata={"help": "Momentum of ExponentialMovingAverage."})
 
     def __post_init__(self):
+        check_launch_layout(self)
         super().__post_init__()
         if self.loss_type not in PAIRWISE_LOSSES.names():
             raise ValueError(f"loss_type={self.loss_type!r} is not available; choose from {PAIRWISE_LOSSES.names()}")
@@ -82,6 +83,7 @@ def build_trainer(argv):
         do_normalize=training_args.normalize_score_during_training,
         normalizer_type=training_args.normalizer_type,
         normalizer_momentum=training_args.normalizer_momentum,
+        **parallel_options(training_args, score_model=True),
     )
 
     def pairs(datasets):

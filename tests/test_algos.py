@@ -83,6 +83,12 @@ def test_kl_estimators_by_hand():
     assert float(KL_ESTIMATORS.get("k3")(logp, logp).sum()) == 0.0
 
 
+def test_k3_stays_finite_where_the_policy_rules_a_token_out():
+    logp, ref = t(np.array([[-100.0, -1.0]])), t(np.array([[0.0, -1.0]]))
+    masked = KL_ESTIMATORS.get("k3")(logp, ref) * t(np.array([[0.0, 1.0]]))
+    assert np.isfinite(masked.numpy()).all() and float(masked.sum()) == 0.0
+
+
 def test_k3_estimates_true_kl_by_sampling():
     rng = np.random.default_rng(1)
     p, q = np.array([0.6, 0.3, 0.1]), np.array([0.3, 0.3, 0.4])

@@ -181,6 +181,12 @@ class RLTrainingArguments(TrainingArguments):
         return self.update_iters * micro_batches // self.gradient_accumulation_steps
 
     def validate_parallel(self):
+        if self.pipeline_parallel_degree > 1:
+            raise ValueError(
+                f"pipeline_parallel_degree={self.pipeline_parallel_degree}: RL training does not run pipeline-parallel "
+                "models yet (the pipe policy and value models of models/model_pp.py are checked single-stage only); "
+                "split large models with tensor_parallel_degree and sharding instead"
+            )
         check_launch_layout(self)
         self.offload_level = " ".join(sorted(parse_offload_level(self.offload_level)))
         for key in ("recompute_granularity", "critic_recompute_granularity"):

@@ -47,9 +47,11 @@ def data_parallel_rank_and_size():
 
 
 def vocab_parallel_group(model):
-    """The model-parallel group when `model`'s LM head returns vocab-parallel logits, else None."""
+    """The model-parallel group when `model`'s LM head returns vocab-parallel logits, else None. paddlenlp
+    splits the LM head only when the tensor-parallel degree divides the vocabulary."""
     config = model.config
-    if getattr(config, "tensor_parallel_degree", 1) > 1 and getattr(config, "tensor_parallel_output", False):
+    degree = getattr(config, "tensor_parallel_degree", 1)
+    if degree > 1 and getattr(config, "tensor_parallel_output", False) and config.vocab_size % degree == 0:
         return hybrid_communicate_group().get_model_parallel_group()
     return None
 

@@ -4,6 +4,8 @@ import paddle
 
 from llm.alignment.ppo.algos.registry import KL_ESTIMATORS
 
+MAX_K3_LOG_RATIO = 20.0
+
 
 @KL_ESTIMATORS.register("k1")
 def kl_k1(logprobs, ref_logprobs):
@@ -19,6 +21,10 @@ def kl_k2(logprobs, ref_logprobs):
 
 @KL_ESTIMATORS.register("k3")
 def kl_k3(logprobs, ref_logprobs):
-    """pi_ref / pi - 1 - log(pi_ref / pi): unbiased and non-negative (GRPO's KL loss)."""
+    """pi_ref / pi - 1 - log(pi_ref / pi): unbiased and non-negative (GRPO's KL loss).
+
+    The exponent is capped at 20 so that a token pi all but rules out (log-prob below about -88, e.g. a
+    padding position a mask drops afterwards) gives a large finite value rather than inf, which a zero
+    mask would turn into NaN."""
     log_ratio = ref_logprobs - logprobs
-    return paddle.exp(log_ratio) - 1.0 - log_ratio
+    return paddle.exp(log_ratio.clip(max=MAX_K3_LOG_RATIO)) - 1.0 - log_ratio

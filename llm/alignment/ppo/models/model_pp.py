@@ -12,8 +12,10 @@ ppo_model_utils.py), the same objects the plain models train with:
 score model's for the value pipe (`qwen2.*`, `score_head.*`; a causal LM's starts a fresh score head).
 paddlenlp's PipelinePretrainedModel names each pipeline layer's parameters with the prefix it was added
 under (`add_sequential_layer(desc, prefix)`), so `state_dict()` / `set_state_dict()` speak the plain
-names; the score head is added under `score_head`, the name the score model gives it. How to pack a batch
-for `train_batch` is described in pp_model_utils.py.
+names; the score head is added under `score_head`, the name the score model gives it. For the same reason
+`save_pretrained` of a single-stage pipe writes a checkpoint the plain classes load (a value pipe's has no
+normalizer statistics: the score model starts an identity normalizer). How to pack a batch for
+`train_batch` is described in pp_model_utils.py.
 """
 
 from paddle.distributed.fleet.meta_parallel import LayerDesc, SharedLayerDesc
@@ -37,15 +39,25 @@ LM_HEAD_PREFIX = "lm_head"
 SCORE_HEAD_PREFIX = "score_head"
 
 
-class PolicyPipeMixin:
-    """A causal-LM pipe whose pipeline loss is the RL policy objective. `lm_head_class`: the model's LM head."""
-
-    lm_head_class = None
+class RLPipeMixin:
+    """What the policy and value pipes share: the objective their pipeline loss is built from."""
 
     def __init__(self, config, objective):
         # PipelineLayer builds the loss inside the base __init__ (get_loss_fn), so the objective goes first.
         self.objective = objective
         super().__init__(config)
+
+    @property
+    def pipeline_loss(self):
+        """The pipeline's loss layer; on the last stage its `pop_stats()` gives the statistics of the
+        micro-batches it has seen since the last call."""
+        return self._loss_fn[0]
+
+
+class PolicyPipeMixin(RLPipeMixin):
+    """A causal-LM pipe whose pipeline loss is the RL policy objective. `lm_head_class`: the model's LM head."""
+
+    lm_head_class = None
 
     @classmethod
     def _prepare_pipeline_inputs_func(cls, inputs):
@@ -56,11 +68,12 @@ class PolicyPipeMixin:
 
     def add_sequential_layer(self, layer_desc, name_prefix=""):
         if name_prefix == LM_HEAD_PREFIX and isinstance(layer_desc, SharedLayerDesc):
+            # Tied embeddings: without a forward_func the head fails on a stage that also holds the embedding.
             layer_desc.forward_func = TiedLMHead(self.lm_head_class, self.config)
         super().add_sequential_layer(layer_desc, name_prefix)
 
 
-class ValuePipeMixin:
+class ValuePipeMixin(RLPipeMixin):
     """A causal-LM pipe with the critic's score head in place of the LM head and the value objective as its
     pipeline loss. Score settings come from the config (a score checkpoint's) or keyword overrides, as for
     the plain score models; the critic keeps raw values, so `do_normalize` must be off."""
@@ -71,8 +84,7 @@ class ValuePipeMixin:
             raise ValueError("a value pipe returns raw values: load it with do_normalize=False")
         if config.sequence_parallel:
             raise ValueError("a value pipe needs [B, L, H] hidden states: sequence_parallel is not supported")
-        self.objective = objective
-        super().__init__(config)
+        super().__init__(config, objective)
 
     @classmethod
     def _prepare_pipeline_inputs_func(cls, inputs):

@@ -1,14 +1,26 @@
 """Pieces shared by the Qwen2 and Llama pipeline-parallel RL models (model_pp.py): the RL batch packed for
 fleet's `PipelineParallel.train_batch`, the loss layers of the last stage, and the critic's score head.
 
+One optimizer step per group of micro-batches, with `model = fleet.distributed_model(pipe)` and the
+optimizer from `fleet.distributed_optimizer` (fleet's pipeline_configs: accumulate_steps =
+gradient_accumulation_steps, micro_batch_size = per_device_train_batch_size, as paddlenlp's
+TrainingArguments set them); the critic likewise with `value_micro_batch`:
+
+    for group in micro_batch_groups(len(exp), per_device_train_batch_size, gradient_accumulation_steps,
+                                    dataloader_drop_last):
+        micro_batches = pad_micro_batches([policy_micro_batch(exp.select(*rows)) for rows in group], pad_id)
+        loss = model.train_batch(pipe._prepare_pipeline_inputs_func(micro_batches), optimizer, lr_scheduler, scaler)
+        stats = pipe.pipeline_loss.pop_stats()  # on the last pipeline stage; {} elsewhere
+
 Packing. A micro-batch is a dict of the experience's tensors (`policy_micro_batch`, `value_micro_batch`):
 
     input_ids [b, P+R] int64, attention_mask [b, P+R] (prompt left-padded, response right-padded),
     response_mask [b, R]; policy: old_logprobs, ref_logprobs, advantages [b, R];
     value: old_values, returns [b, R]
 
-`split_pipeline_inputs` turns one micro-batch dict, or a list of them (one per accumulation step, the form
-paddlenlp's Trainer uses), into `[first_stage_inputs, labels]`:
+`split_pipeline_inputs` (the pipes' `_prepare_pipeline_inputs_func`) turns one micro-batch dict, which
+fleet then cuts into micro-batches along the batch axis, or a list of them (one per accumulation step, the
+form paddlenlp's Trainer uses), into `[first_stage_inputs, labels]`:
 
     first stage: (input_ids, attention_mask as bool, None, position_ids)
     labels, policy: (response labels, old_logprobs, ref_logprobs, advantages, response_mask)
@@ -21,9 +33,9 @@ mask slot as position ids. The response labels are the last R input ids, so the 
 logits predicting them as `logits[:, -R-1:-1]`, the trainer's `logits[:, P-1:-1]`.
 
 Absent tensors. `old_logprobs` None (on-policy) or `ref_logprobs` None (no KL term) travel as zero-width
-float32 tensors [b, 0]: fleet slices every label along the batch axis and Paddle's collectives move only
-tensors, and a [b, 0] tensor slices like the others while carrying no data. The loss layer reads a width-0
-tensor as None.
+float32 tensors [b, 0], so the labels are always the same tuple of tensors: what a trainer broadcasts to
+the other ranks of a stage goes through Paddle collectives, which move tensors only, and a [b, 0] tensor is
+cut along the batch axis like the others while carrying no data. The loss layers read width 0 as None.
 
 Shapes. Every micro-batch of one `train_batch` call must have the same shape (stages exchange activations
 whose shape is sent once and then checked): `pad_micro_batches` pads them to common widths, or to fixed ones
@@ -108,13 +120,15 @@ def pad_micro_batches(micro_batches, pad_token_id, prompt_len=None, response_len
     padded = []
     for batch, own_prompt, own_response in zip(micro_batches, prompt_lens, response_lens):
         left, right = prompt_len - own_prompt, response_len - own_response
-        padded.append(
-            {
-                key: pad_width(value, left if key in SEQUENCE_KEYS else 0, right, pad_token_id if key == "input_ids" else 0)
-                for key, value in batch.items()
-            }
-        )
+        padded.append({key: pad_entry(key, value, left, right, pad_token_id) for key, value in batch.items()})
     return padded
+
+
+def pad_entry(key, tensor, left, right, pad_token_id):
+    """One micro-batch entry widened: sequence tensors on both sides, response tensors on the right."""
+    if key not in SEQUENCE_KEYS:
+        left = 0
+    return pad_width(tensor, left, right, pad_token_id if key == "input_ids" else 0)
 
 
 def pad_width(tensor, left, right, value):

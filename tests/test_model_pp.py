@@ -1,0 +1,377 @@
+"""Pipeline-parallel policy and value models, run as a single pipeline stage on CPU.
+
+Each pipe is checked against the plain model it replaces (Qwen2ForCausalLM / LlamaForCausalLM with
+PolicyObjective, Qwen2ForScore / LlamaForScore with ValueObjective) on the same weights and batch: same
+loss and same gradient per parameter. The pipeline step is driven the way fleet's `train_batch` drives its
+micro-batches: fleet's own FakeMicroDataset slices the packed inputs, the pipe's layers run forward, its
+loss layer takes each micro-batch's labels, and losses are divided by the accumulation steps.
+(`PipelineParallel.train_batch` itself cannot run with a single stage: the first and the last stage each
+draw from the micro-batch stream, so one stage that is both draws twice per micro-batch.)
+"""
+
+import copy
+import logging
+import sys
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import numpy as np
+import paddle
+import pytest
+from paddle.distributed import fleet
+from paddle.distributed.fleet.meta_parallel.pipeline_parallel import FakeMicroDataset
+from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from paddlenlp.utils.log import logger as paddlenlp_logger
+
+from llm.alignment.ppo.algos.token_stats import position_ids_from_mask
+from llm.alignment.ppo.models.model_pp import (
+    LlamaPolicyPipe,
+    LlamaValuePipe,
+    Qwen2PolicyPipe,
+    Qwen2ValuePipe,
+    policy_pipe_class,
+    value_pipe_class,
+)
+from llm.alignment.ppo.models.pp_model_utils import (
+    micro_batch_groups,
+    pad_micro_batches,
+    policy_labels,
+    split_pipeline_inputs,
+)
+from llm.alignment.ppo.models.ppo_model_utils import PolicyObjective, ValueObjective
+from llm.alignment.ppo.models.score_model import LlamaForScore, Qwen2ForScore
+
+ARGS = SimpleNamespace(
+    policy_loss="ppo_clip", kl_estimator="k3", loss_agg_mode="token-mean", kl_loss_coeff=0.1, entropy_coeff=0.01,
+    clip_range_ratio_low=0.2, clip_range_ratio_high=0.28, clip_range_value=0.5,
+)
+TINY = dict(
+    vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, dtype="float32",
+)
+# Qwen2 ties its embeddings like the project's tiny model; Llama keeps a separate LM head.
+CONFIGS = {
+    "qwen2": lambda: Qwen2Config(**TINY, tie_word_embeddings=True),
+    "llama": lambda: LlamaConfig(**TINY, tie_word_embeddings=False),
+}
+PLAIN = {"qwen2": (Qwen2ForCausalLM, Qwen2ForScore), "llama": (LlamaForCausalLM, LlamaForScore)}
+PIPES = {"qwen2": (Qwen2PolicyPipe, Qwen2ValuePipe), "llama": (LlamaPolicyPipe, LlamaValuePipe)}
+PAD = TINY["pad_token_id"]
+ACCUMULATE, MICRO = 2, 2
+
+
+# Process state that fleet.init (and the ParallelEnv shim) writes, besides fleet.fleet's and fleet.util's own.
+FLEET_GLOBALS = {
+    "paddle.distributed.collective": (
+        "_global_env", "_group_map", "_group_map_backend", "_group_map_by_name", "_start_ring_id",
+    ),
+    "paddle.distributed.parallel": ("_global_parallel_env",),
+    "paddle.distributed.backup_env": ("g_backup_envs",),
+    "paddle.distributed.fleet.base.topology": ("_HYBRID_PARALLEL_GROUP",),
+}
+MISSING = object()
+
+
+@contextmanager
+def restored_fleet_state():
+    """Put back everything fleet.init changes (fleet's hcg, communication groups, ...), so that tests run
+    later in the same process see no hybrid-parallel setup (comm_utils reads fleet.fleet._hcg)."""
+    owners = [(sys.modules[module], name) for module, names in FLEET_GLOBALS.items() for name in names]
+    owners.append((paddle.distributed.ParallelEnv, "_device_id"))
+    saved = []
+    for owner, name in owners:
+        value = getattr(owner, name, MISSING)
+        saved.append((owner, name, copy.copy(value) if isinstance(value, dict) else value))  # dicts fill in place
+    instances = [(instance, dict(vars(instance))) for instance in (fleet.fleet, fleet.util)]
+    try:
+        yield
+    finally:
+        for instance, state in instances:
+            vars(instance).clear()
+            vars(instance).update(state)
+        for owner, name, value in saved:
+            if value is not MISSING:
+                setattr(owner, name, value)
+            elif hasattr(owner, name):
+                delattr(owner, name)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_stage_fleet():
+    """fleet hybrid parallel with every degree 1 in this process, for the module only. PipelineLayer reads
+    `ParallelEnv().device_id`, which a CPU process never sets: the class attribute is a test-only shim."""
+    hcg_before = getattr(fleet.fleet, "_hcg", None)
+    with restored_fleet_state():
+        paddle.distributed.ParallelEnv._device_id = 0
+        strategy = fleet.DistributedStrategy()
+        strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1, "sharding_degree": 1}
+        fleet.init(is_collective=True, strategy=strategy)
+        yield
+    assert getattr(fleet.fleet, "_hcg", None) is hcg_before
+
+
+def rl_batch(rows, prompt_len, response_len, seed):
+    """A micro-batch dict as the trainer packs one, with both models' keys: prompts left-padded and responses
+    right-padded by different amounts per row, off-policy old log-probs (ratios beyond the clip range), a
+    reference, advantages of both signs, old values and returns."""
+    rng = np.random.default_rng(seed)
+    width = prompt_len + response_len
+    attention_mask = np.ones([rows, width], dtype="int64")
+    for row in range(rows):
+        attention_mask[row, : row % prompt_len] = 0  # at least one real prompt token
+        attention_mask[row, prompt_len + 1 + (row * 3) % response_len :] = 0  # 1 to R response tokens
+    input_ids = np.where(attention_mask == 1, rng.integers(1, TINY["vocab_size"], [rows, width]), PAD)
+    response_shape = [rows, response_len]
+    near_model_logprobs = -np.log(TINY["vocab_size"]) + rng.normal(0, 0.4, response_shape)
+    values = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "response_mask": attention_mask[:, prompt_len:].astype("float32"),
+        "old_logprobs": near_model_logprobs,
+        "ref_logprobs": near_model_logprobs + rng.normal(0, 0.3, response_shape),
+        "advantages": rng.normal(0, 1, response_shape),
+        "old_values": rng.normal(0, 0.5, response_shape),
+        "returns": rng.normal(0, 1, response_shape),
+    }
+    return {key: paddle.to_tensor(value, dtype="int64" if key in ("input_ids", "attention_mask") else "float32")
+            for key, value in values.items()}
+
+
+def split_rows(batch, size=MICRO):
+    """Micro-batches of `size` rows of a batch dict (None entries stay None)."""
+    starts = range(0, batch["input_ids"].shape[0], size)
+    return [{key: None if value is None else value[i : i + size] for key, value in batch.items()} for i in starts]
+
+
+def plain_logits(model, batch):
+    """The trainer's call of the plain causal LM (ppo_trainer.response_logits)."""
+    return model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+        position_ids=position_ids_from_mask(batch["attention_mask"]), return_dict=True,
+    ).logits
+
+
+def plain_policy_loss(model, objective, batch):
+    """The trainer's policy loss on a micro-batch (response_logits / response_labels of ppo_trainer.py)."""
+    prompt_len = batch["input_ids"].shape[1] - batch["response_mask"].shape[1]
+    logits = plain_logits(model, batch)
+    return objective(
+        logits[:, prompt_len - 1 : -1], batch["input_ids"][:, prompt_len:], batch["old_logprobs"],
+        batch["ref_logprobs"], batch["advantages"], batch["response_mask"],
+    )
+
+
+def plain_value_loss(critic, objective, batch):
+    """The trainer's value loss on a micro-batch (response_values of ppo_trainer.py)."""
+    prompt_len = batch["input_ids"].shape[1] - batch["response_mask"].shape[1]
+    scores = critic(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).scores
+    values = scores[..., 0][:, prompt_len - 1 : -1]
+    return objective(values, batch["old_values"], batch["returns"], batch["response_mask"])
+
+
+def plain_step(loss_fn, micro_batches):
+    """The plain trainer's accumulation: backward of each micro-batch loss / steps; (summed loss, stats)."""
+    total, stats = 0.0, []
+    for batch in micro_batches:
+        loss, micro_stats = loss_fn(batch)
+        (loss / len(micro_batches)).backward()
+        total += float(loss) / len(micro_batches)
+        stats.append({key: float(value) for key, value in micro_stats.items()})
+    return total, stats
+
+
+def pipeline_step(pipe, packed):
+    """What `train_batch` does on a stage that is both first and last: fleet's FakeMicroDataset cuts the
+    packed [inputs, labels] into micro-batches, the layers run forward, the loss layer takes the labels,
+    and each loss is divided by the accumulation steps before its backward. Returns the summed loss."""
+    total = 0.0
+    for inputs, labels in FakeMicroDataset(packed, True, True, ACCUMULATE, MICRO):
+        loss = pipe.pipeline_loss(pipe(inputs), labels) / ACCUMULATE
+        loss.backward()
+        total += float(loss)
+    return total
+
+
+def parameter_grads(model):
+    """{plain parameter name: gradient}; pipes name their parameters like the plain model in state_dict()."""
+    return {name: param.grad.numpy() for name, param in model.state_dict().items() if not param.stop_gradient}
+
+
+def assert_same_grads(pipe, plain):
+    pipe_grads, plain_grads = parameter_grads(pipe), parameter_grads(plain)
+    assert set(pipe_grads) == {name for name, _ in plain.named_parameters()}
+    for name, grad in pipe_grads.items():
+        assert np.abs(plain_grads[name]).max() > 0, name
+        np.testing.assert_allclose(grad, plain_grads[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def built_like(pipe_class, plain, objective):
+    """A single-stage pipe holding the plain model's weights (a fresh config: pipes rewrite theirs)."""
+    pipe = pipe_class(type(plain.config)(**plain.config.to_dict()), objective)
+    pipe.set_state_dict(plain.state_dict())
+    return pipe
+
+
+def policy_pair(family, seed=0):
+    paddle.seed(seed)
+    plain = PLAIN[family][0](CONFIGS[family]())
+    objective = PolicyObjective.from_args(ARGS)
+    return plain, built_like(PIPES[family][0], plain, objective), objective
+
+
+def value_pair(family, seed=0):
+    paddle.seed(seed)
+    critic = PLAIN[family][1](CONFIGS[family](), score_type="critic")
+    objective = ValueObjective.from_args(ARGS)
+    return critic, built_like(PIPES[family][1], critic, objective), objective
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_policy_pipe_matches_the_plain_model_loss_stats_and_gradients(family):
+    """Micro-batches packed as a list (paddlenlp Trainer's form), one tensor per micro-batch per entry."""
+    plain, pipe, objective = policy_pair(family)
+    batch = rl_batch(ACCUMULATE * MICRO, 5, 4, seed=1)
+    micro_batches = split_rows(batch)
+
+    plain_loss, plain_stats = plain_step(lambda b: plain_policy_loss(plain, objective, b), micro_batches)
+    pipe_loss = pipeline_step(pipe, pipe._prepare_pipeline_inputs_func(micro_batches))
+
+    assert abs(pipe_loss - plain_loss) < 1e-5
+    assert_same_grads(pipe, plain)
+    pipe_stats = pipe.pipeline_loss.pop_stats()
+    assert set(pipe_stats) == set(plain_stats[0]) and "kl" in pipe_stats
+    for key, value in pipe_stats.items():
+        assert value == pytest.approx(np.mean([stats[key] for stats in plain_stats]), abs=1e-5), key
+    assert pipe_stats["policy/clipfrac_avg"] > 0  # the batch reaches the clipped region
+    assert pipe.pipeline_loss.pop_stats() == {}
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_value_pipe_matches_the_plain_critic_loss_and_gradients(family):
+    """One packed dict for the whole step, cut into micro-batches by fleet."""
+    critic, pipe, objective = value_pair(family)
+    batch = rl_batch(ACCUMULATE * MICRO, 5, 4, seed=2)
+    micro_batches = split_rows(batch)
+
+    plain_loss, _ = plain_step(lambda b: plain_value_loss(critic, objective, b), micro_batches)
+    pipe_loss = pipeline_step(pipe, pipe._prepare_pipeline_inputs_func(batch))
+
+    assert abs(pipe_loss - plain_loss) < 1e-5
+    assert_same_grads(pipe, critic)
+    assert pipe.pipeline_loss.pop_stats()["val/clipfrac_avg"] > 0
+
+
+def test_absent_old_and_reference_logprobs_travel_as_zero_width_tensors():
+    """On-policy without a reference: the labels carry [b, 0] tensors and the loss reads them as None."""
+    plain, pipe, objective = policy_pair("qwen2")
+    batch = rl_batch(ACCUMULATE * MICRO, 5, 4, seed=3) | {"old_logprobs": None, "ref_logprobs": None}
+    micro_batches = split_rows(batch)
+
+    packed = pipe._prepare_pipeline_inputs_func(batch)
+    assert [tuple(label.shape) for label in packed[1][1:3]] == [(ACCUMULATE * MICRO, 0)] * 2
+    plain_loss, _ = plain_step(lambda b: plain_policy_loss(plain, objective, b), micro_batches)
+    pipe_loss = pipeline_step(pipe, packed)
+
+    assert abs(pipe_loss - plain_loss) < 1e-5
+    assert_same_grads(pipe, plain)
+    assert "kl" not in pipe.pipeline_loss.pop_stats()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_padding_micro_batches_to_one_shape_leaves_each_loss_unchanged(family):
+    (_, policy, _), (_, value, _) = policy_pair(family), value_pair(family)
+    micro_batches = [rl_batch(MICRO, 5, 4, seed=4), rl_batch(MICRO, 3, 6, seed=5)]
+
+    def losses(pipe, batches):
+        micro_dataset = FakeMicroDataset(pipe._prepare_pipeline_inputs_func(batches), True, True, ACCUMULATE, MICRO)
+        with paddle.no_grad():
+            return [float(pipe.pipeline_loss(pipe(inputs), labels)) for inputs, labels in micro_dataset]
+
+    to_largest = pad_micro_batches(micro_batches, PAD)
+    to_fixed = pad_micro_batches(micro_batches, PAD, prompt_len=8, response_len=7)
+    for padded in (to_largest, to_fixed):
+        widths = {(b["input_ids"].shape[1], b["response_mask"].shape[1], b["advantages"].shape[1]) for b in padded}
+        assert len(widths) == 1
+        for pipe in (policy, value):
+            np.testing.assert_allclose(losses(pipe, padded), losses(pipe, micro_batches), atol=1e-5)
+    short_prompts = to_largest[1]  # its prompts gain 2 positions on the left
+    assert short_prompts["input_ids"][:, :2].abs().sum() == 0 and short_prompts["attention_mask"][:, :2].sum() == 0
+    with pytest.raises(ValueError, match="smaller"):
+        pad_micro_batches(micro_batches, PAD, response_len=5)
+
+
+def test_micro_batch_groups_drop_the_remainder_only_with_drop_last(caplog):
+    assert micro_batch_groups(8, 2, 2, drop_last=False) == [[(0, 2), (2, 4)], [(4, 6), (6, 8)]]
+    with pytest.raises(ValueError, match=r"per_device_train_batch_size=2 x gradient_accumulation_steps=2"):
+        micro_batch_groups(10, 2, 2, drop_last=False)
+    paddlenlp_logger.logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger=paddlenlp_logger.logger.name):
+            assert micro_batch_groups(11, 2, 2, drop_last=True) == [[(0, 2), (2, 4)], [(4, 6), (6, 8)]]
+    finally:
+        paddlenlp_logger.logger.removeHandler(caplog.handler)
+    assert "dropping 3 of 11 rows" in caplog.text
+    with pytest.raises(ValueError, match="smaller than"):
+        micro_batch_groups(3, 2, 2, drop_last=True)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_checkpoints_round_trip_between_plain_models_and_pipes(family, tmp_path):
+    plain, _, policy_objective = policy_pair(family, seed=6)
+    critic, _, value_objective = value_pair(family, seed=7)
+    plain.save_pretrained(str(tmp_path / "causal_lm"))
+    critic.save_pretrained(str(tmp_path / "critic"))
+    batch = rl_batch(3, 4, 3, seed=8)
+    inputs = split_pipeline_inputs(batch, policy_labels)[0]
+
+    def scores(model):
+        return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).scores.numpy()
+
+    policy = policy_pipe_class(plain.config).from_pretrained(str(tmp_path / "causal_lm"), objective=policy_objective)
+    value = value_pipe_class(critic.config).from_pretrained(str(tmp_path / "critic"), objective=value_objective)
+    policy.save_pretrained(str(tmp_path / "policy_pipe"))
+    value.save_pretrained(str(tmp_path / "value_pipe"))
+    plain_again = type(plain).from_pretrained(str(tmp_path / "policy_pipe"))
+    critic_again = type(critic).from_pretrained(str(tmp_path / "value_pipe"))
+    with paddle.no_grad():
+        expected_logits, expected_scores = plain_logits(plain, batch).numpy(), scores(critic)
+        np.testing.assert_allclose(policy(inputs).numpy(), expected_logits, atol=1e-6)
+        np.testing.assert_allclose(value(inputs).numpy(), expected_scores, atol=1e-6)
+        np.testing.assert_allclose(plain_logits(plain_again, batch).numpy(), expected_logits, atol=1e-6)
+        np.testing.assert_allclose(scores(critic_again), expected_scores, atol=1e-6)
+    assert critic_again.config.score_type == "critic"
+
+    # A critic started from the causal LM: its backbone, a fresh score head, score settings from the call.
+    fresh = value_pipe_class(plain.config).from_pretrained(
+        str(tmp_path / "causal_lm"), objective=value_objective, score_type="critic"
+    )
+    weights, plain_weights = fresh.state_dict(), plain.state_dict()
+    backbone = [name for name in weights if not name.startswith("score_head.")]
+    assert len(backbone) == len(weights) - 2 and all(name in plain_weights for name in backbone)
+    for name in backbone:
+        np.testing.assert_array_equal(weights[name].numpy(), plain_weights[name].numpy())
+    assert weights["score_head.weight"].shape == [TINY["hidden_size"], 1] and fresh.config.score_type == "critic"
+
+
+def test_packed_bool_mask_survives_the_llama_pipes_gpu_reading(monkeypatch):
+    """On GPU, paddlenlp's Llama pipe takes an int64 tensor in the mask slot for position ids; the packed
+    bool mask is read as a mask. (The GPU branch is forced on CPU by patching the device query.)"""
+    import paddlenlp.transformers.llama.modeling_pp as llama_pp
+
+    plain, pipe, _ = policy_pair("llama", seed=9)
+    batch = rl_batch(3, 4, 3, seed=10)
+    inputs = split_pipeline_inputs(batch, policy_labels)[0]
+    monkeypatch.setattr(llama_pp, "get_env_device", lambda: "gpu")
+    with paddle.no_grad():
+        expected = plain_logits(plain, batch).numpy()
+        np.testing.assert_allclose(pipe(inputs).numpy(), expected, atol=1e-6)
+        int_mask_inputs = (inputs[0], batch["attention_mask"], None, inputs[3])
+        assert np.abs(pipe(int_mask_inputs).numpy() - expected).max() > 1e-3
+
+
+def test_value_pipe_refuses_normalized_scores_and_unknown_models():
+    with pytest.raises(ValueError, match="do_normalize"):
+        Qwen2ValuePipe(CONFIGS["qwen2"](), ValueObjective.from_args(ARGS), do_normalize=True)
+    with pytest.raises(ValueError, match="model_type 'gpt2'"):
+        policy_pipe_class(SimpleNamespace(model_type="gpt2"))
+    assert value_pipe_class(CONFIGS["llama"]()) is LlamaValuePipe

@@ -17,7 +17,8 @@ from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
 LORA = {"use_rm_server": False, "use_rule_reward": True, "lora": True, "lora_rank": 4, "learning_rate": 5e-3,
-        "kl_loss_coeff": 0.05, "save_steps": 2, "eval_datasets": None, "offload_level": "freeze_model optimizer train_model"}
+        "kl_loss_coeff": 0.05, "save_steps": 2, "max_eval_samples": 8, "eval_steps": 100,
+        "offload_level": "freeze_model optimizer train_model"}
 
 
 def lora_argv(world, output_dir, **changes):

@@ -98,7 +98,7 @@ def test_command_line_overrides_the_file(tmp_path):
         ({"lora_path": "adapters"}, "lora_path='adapters' applies to LoRA adapters: set lora true"),
         ({"lora_target_modules": ".*q_proj.*"}, "lora_target_modules='.\\*q_proj.\\*' applies to LoRA"),
         ({"lora": True, "lora_rank": 0}, "lora_rank must be positive"),
-        ({"pipeline_parallel_degree": 2}, "pipeline_parallel_degree=2: RL training does not run pipeline-parallel"),
+        ({"pipeline_parallel_degree": 2}, "pipeline_parallel_degree=2: training does not run pipeline-parallel"),
     ],
 )
 def test_bad_configs_fail_naming_the_key(tmp_path, changes, message):

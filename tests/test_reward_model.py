@@ -74,6 +74,8 @@ def test_token_wise_loss_with_score_normalisation_trains(tiny_world, tmp_path):
         ({"normalizer_type": "median"}, "normalizer_type='median'"),
         ({"normalize_score_during_training": True, "normalizer_type": "identity"}, "needs a normalizer_type"),
         ({"regularization": -1}, "regularization must be >= 0"),
+        ({"pipeline_parallel_degree": 2}, "pipeline_parallel_degree=2: training does not run pipeline-parallel"),
+        ({"tensor_parallel_degree": 2}, "tensor_parallel_degree=2 = 2 ranks per data-parallel replica does not divide the 1"),
     ],
 )
 def test_bad_reward_configs_fail_naming_the_key(tmp_path, changes, message):

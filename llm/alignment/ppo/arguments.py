@@ -147,7 +147,7 @@ class RLTrainingArguments(TrainingArguments):
     num_sample_logs: int = field(default=4, metadata={"help": "Rows in each sample table."})
 
     def __post_init__(self):
-        self.validate_parallel()
+        self.validate_scale_out()
         super().__post_init__()
         self.lr_scheduler_type = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
         self.critic_lr_scheduler_type = getattr(self.critic_lr_scheduler_type, "value", self.critic_lr_scheduler_type)
@@ -180,13 +180,8 @@ class RLTrainingArguments(TrainingArguments):
         micro_batches = self.rollout_batch_size // self.per_device_train_batch_size
         return self.update_iters * micro_batches // self.gradient_accumulation_steps
 
-    def validate_parallel(self):
-        if self.pipeline_parallel_degree > 1:
-            raise ValueError(
-                f"pipeline_parallel_degree={self.pipeline_parallel_degree}: RL training does not run pipeline-parallel "
-                "models yet (the pipe policy and value models of models/model_pp.py are checked single-stage only); "
-                "split large models with tensor_parallel_degree and sharding instead"
-            )
+    def validate_scale_out(self):
+        """The parallel layout, offload groups and recompute granularities."""
         check_launch_layout(self)
         self.offload_level = " ".join(sorted(parse_offload_level(self.offload_level)))
         for key in ("recompute_granularity", "critic_recompute_granularity"):
@@ -293,7 +288,14 @@ def check_parallel_degrees(args, world_size, on_accelerator):
 
 
 def check_launch_layout(args):
-    """`check_parallel_degrees` for this launch: its process count and whether it runs on an accelerator."""
+    """`check_parallel_degrees` for this launch (its process count, whether it runs on an accelerator), after
+    refusing pipeline parallel, which neither the RL loop nor reward-model training drives yet."""
+    if args.pipeline_parallel_degree > 1:
+        raise ValueError(
+            f"pipeline_parallel_degree={args.pipeline_parallel_degree}: training does not run pipeline-parallel "
+            "models yet (the pipe policy and value models of models/model_pp.py are checked single-stage only); "
+            "split large models with tensor_parallel_degree and sharding instead"
+        )
     on_accelerator = args.device != "cpu" and paddle.device.get_device() != "cpu"
     check_parallel_degrees(args, paddle.distributed.get_world_size(), on_accelerator)
 

@@ -33,7 +33,7 @@ from llm.alignment.ppo.models.pp_model_utils import (
     split_pipeline_inputs,
     value_labels,
 )
-from llm.alignment.ppo.models.score_model import apply_score_config
+from llm.alignment.ppo.models.score_model import apply_score_config, refuse_sequence_parallel
 
 LM_HEAD_PREFIX = "lm_head"
 SCORE_HEAD_PREFIX = "score_head"
@@ -82,8 +82,7 @@ class ValuePipeMixin(RLPipeMixin):
         apply_score_config(config, **score_overrides)
         if config.do_normalize:
             raise ValueError("a value pipe returns raw values: load it with do_normalize=False")
-        if config.sequence_parallel:
-            raise ValueError("a value pipe needs [B, L, H] hidden states: sequence_parallel is not supported")
+        refuse_sequence_parallel(config)
         super().__init__(config, objective)
 
     @classmethod

@@ -41,6 +41,13 @@ SCORE_CONFIG_DEFAULTS = {
 SCORE_TYPES = ("reward", "critic")
 
 
+def refuse_sequence_parallel(config):
+    """Score heads (reward model, critic, value pipe) read every position's hidden state, which sequence
+    parallel splits over ranks."""
+    if getattr(config, "sequence_parallel", False):
+        raise ValueError("sequence_parallel splits positions over ranks, but a score head reads every position: load score models without it")
+
+
 def apply_score_config(config, **overrides):
     """Write the score settings on `config`: `overrides` first, then values it already has, then defaults."""
     unknown = sorted(set(overrides) - set(SCORE_CONFIG_DEFAULTS))
@@ -75,8 +82,7 @@ class ScoreModelMixin:
 
     def __init__(self, config, **overrides):
         super().__init__(config)
-        if getattr(config, "sequence_parallel", False):
-            raise ValueError("sequence_parallel splits positions over ranks, but a score head reads every position: load score models without it")
+        refuse_sequence_parallel(config)
         apply_score_config(config, **overrides)
         setattr(self, self.base_model_prefix, self.backbone_class(config))
         self.score_head = nn.Linear(config.hidden_size, config.score_dim, bias_attr=config.score_bias)

@@ -17,10 +17,15 @@ from llm.tools.build_tokenizer import build_tokenizer
 from llm.tools.gen_arith import generate
 
 
-@contextmanager
 def running_reward_server(task, **app_options):
     """Serve the reward app on 127.0.0.1 (a free port) in a thread; yields its URL."""
-    server = make_server("127.0.0.1", 0, create_app(task, **app_options), threaded=True)
+    return serving(create_app(task, **app_options))
+
+
+@contextmanager
+def serving(app):
+    """Serve the WSGI `app` on 127.0.0.1 (a free port) in a thread; yields its URL."""
+    server = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -3,15 +3,19 @@ import logging
 import socket
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
+from flask import Flask, jsonify, request
+
 from llm.alignment.ppo import reward_client
 from llm.alignment.ppo.reward_client import RewardServerClient, RewardServerError
-from helpers import running_reward_server
+from helpers import running_reward_server, serving
 from llm.alignment.ppo.reward_server import create_app
+from llm.alignment.ppo.rewards import REWARD_TASKS, RewardTask
 
 MAX_BATCH = 8
 MAX_CONTENT_LENGTH = 16 * 1024
@@ -85,8 +89,8 @@ BAD_REQUESTS = {
     "body_too_large": (batch("x" * (MAX_CONTENT_LENGTH + 1)), 413, [f"max_content_length={MAX_CONTENT_LENGTH}"]),
     "reward_raises": (
         {"src": [SRC, SRC], "tgt": [TGT, "nonsense"], "response": [RIGHT, RIGHT]},
-        500,
-        ["item 1", "nonsense"],
+        422,
+        ["reward 'kk' cannot score item 1", "tgt='nonsense'"],
     ),
 }
 
@@ -161,13 +165,100 @@ def test_client_raises_at_once_on_4xx(server_url, monkeypatch):
     assert sleeps == []
 
 
-def test_client_retries_5xx_then_gives_up_with_the_last_error(server_url, monkeypatch):
+@contextmanager
+def counting_requests(app):
+    """Serve `app`; yields its URL and the list of paths it received, filled as requests arrive."""
+    received = []
+    app.before_request(lambda: received.append(request.path))
+    with serving(app) as url:
+        yield url, received
+
+
+def scripted_app(*answers):
+    """A server answering POST / with each (status, body) of `answers` in turn, the last one from then on;
+    a dict body goes as JSON, a str as plain text."""
+    app, queue = Flask(__name__), list(answers)
+
+    @app.post("/")
+    def answer():
+        status, body = queue.pop(0) if len(queue) > 1 else queue[0]
+        return (jsonify(body), status) if isinstance(body, dict) else (body, status, {"Content-Type": "text/plain"})
+
+    return app
+
+
+@pytest.fixture
+def retry_warnings():
+    """Warnings the client logs. paddlenlp's logger does not propagate to the root logger, so caplog misses it."""
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    paddlenlp_logger = logging.getLogger("PaddleNLP")
+    paddlenlp_logger.addHandler(handler)
+    yield records
+    paddlenlp_logger.removeHandler(handler)
+
+
+ARITH_BATCH = (["1+2=", "2+2=", "3+2=", "4+2="], ["3", "4", "5", "abc"], ["3", "4", "5", "12"])
+
+
+def test_server_answers_422_naming_the_item_it_cannot_score_and_its_values():
+    with running_reward_server("arith") as url:
+        src, tgt, response = ARITH_BATCH
+        answer = post(url, {"src": src, "tgt": tgt, "response": response})
+    item = "item 3 (src='4+2=', tgt='abc', response='12')"
+    assert_error(answer, 422, f"reward 'arith' cannot score {item}: ValueError: invalid literal")
+
+
+def test_server_answers_422_naming_the_item_given_a_non_finite_score(monkeypatch):
+    nan_on_bad = RewardTask("nan_on_bad", lambda src, tgt, response: float("nan") if response == "bad" else 1.0, 1.0)
+    monkeypatch.setitem(REWARD_TASKS, "nan_on_bad", nan_on_bad)
+    with running_reward_server("nan_on_bad") as url:
+        answer = post(url, {"src": ["a", "b"], "tgt": ["x", "y"], "response": ["good", "bad"]})
+    assert_error(answer, 422, "non-finite score nan to item 1 (src='b', tgt='y', response='bad')")
+
+
+def test_client_does_not_retry_an_item_the_server_cannot_score(monkeypatch, retry_warnings):
     sleeps = []
     monkeypatch.setattr(reward_client.time, "sleep", sleeps.append)
-    client = RewardServerClient(server_url, timeout=5, max_retries=2, backoff=0.5)
-    with pytest.raises(RewardServerError, match=r"after 3 attempts.*HTTP 500: reward 'kk' failed on item 0"):
-        client.score([SRC], ["nonsense"], [RIGHT])
-    assert sleeps == [0.5, 1.0]
+    with counting_requests(create_app("arith")) as (url, received):
+        client = RewardServerClient(url, timeout=5, max_retries=3, backoff=0)
+        with pytest.raises(RewardServerError, match=r"HTTP 422: reward 'arith' cannot score item 3 \(.*tgt='abc'"):
+            client.score(*ARITH_BATCH)
+    assert received == ["/"] and sleeps == [] and retry_warnings == []
+
+
+def test_client_does_not_retry_a_protocol_500():
+    internal_error = {"error_code": 500, "error_msg": "internal error: RuntimeError: disk full", "score": []}
+    with counting_requests(scripted_app((500, internal_error))) as (url, received):
+        client = RewardServerClient(url, timeout=5, max_retries=3, backoff=0)
+        with pytest.raises(RewardServerError, match=r"HTTP 500: internal error: RuntimeError: disk full"):
+            client.score(["1+2="], ["3"], ["3"])
+    assert received == ["/"]
+
+
+def test_client_retries_a_503_from_a_proxy_and_logs_each_retry_with_its_cause(monkeypatch, retry_warnings):
+    sleeps = []
+    monkeypatch.setattr(reward_client.time, "sleep", sleeps.append)
+    success = {"error_code": 0, "error_msg": "Success", "score": [1.0]}
+    app = scripted_app((503, "upstream down"), (503, "upstream down"), (200, success))
+    with counting_requests(app) as (url, received):
+        client = RewardServerClient(url, timeout=5, max_retries=3, backoff=0.5)
+        assert client.score(["1+2="], ["3"], ["3"]) == [1.0]
+    assert len(received) == 3 and sleeps == [0.5, 1.0]
+    messages = [record.getMessage() for record in retry_warnings]
+    assert len(messages) == 2 and all(record.levelno == logging.WARNING for record in retry_warnings)
+    for attempt, (message, wait) in enumerate(zip(messages, ["0.5s", "1s"]), start=1):
+        assert f"attempt {attempt}/4 failed (HTTP 503: upstream down); retrying in {wait}" in message
+
+
+def test_client_retries_a_non_protocol_5xx_then_gives_up_with_the_last_error(monkeypatch):
+    monkeypatch.setattr(reward_client.time, "sleep", lambda seconds: None)
+    with counting_requests(scripted_app((502, "Bad Gateway"))) as (url, received):
+        client = RewardServerClient(url, timeout=5, max_retries=2, backoff=0)
+        with pytest.raises(RewardServerError, match=r"unreachable after 3 attempts; last error: HTTP 502: Bad Gateway"):
+            client.score(["1+2="], ["3"], ["3"])
+    assert len(received) == 3
 
 
 def free_loopback_port():

@@ -1,8 +1,10 @@
 import time
+from types import SimpleNamespace
 
 import pytest
 
-from llm.alignment.ppo.rewards import get_reward_task
+from llm.alignment.ppo.rewards import RewardInputError, get_reward_task
+from llm.alignment.ppo.rewards.scoring import RuleRewardScorer
 from llm.tools.chat_format import chat_prompt
 
 KK_SRC = chat_prompt("Zoey says ...", system="Reason, then answer.", assistant_prefix="<think>")
@@ -227,3 +229,23 @@ def test_arith_reward(response, tgt, expected):
     task = get_reward_task("arith")
     assert task.score("3+4+5=", tgt, response) == expected
     assert task.max_score == 1.0
+
+
+# ---------------------------------------------------------------- errors naming the item
+
+
+def test_rule_scorer_names_the_row_the_task_and_the_values_it_cannot_score():
+    exp = SimpleNamespace(prompts=["1+2=", "2+2="], labels=["3", "abc"], responses=["3", "12"])
+    with pytest.raises(ValueError) as error:
+        RuleRewardScorer("arith").score(exp)
+    message = str(error.value)
+    assert message.startswith("reward 'arith' cannot score item 1 (src='2+2=', tgt='abc', response='12'): ValueError")
+    assert "invalid literal for int()" in message
+    assert isinstance(error.value, RewardInputError) and isinstance(error.value.__cause__, ValueError)
+
+
+def test_unscorable_item_shows_long_values_cut_with_their_length():
+    with pytest.raises(RewardInputError) as error:
+        get_reward_task("arith").score_batch(["1+2="], ["x" * 5000], ["12"])
+    assert f"tgt={'x' * 200!r}... (5000 chars), response='12'" in str(error.value)
+    assert len(str(error.value)) < 800  # the ValueError quoting the whole tgt is cut as well

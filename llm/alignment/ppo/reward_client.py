@@ -1,14 +1,18 @@
 """Client of the reward server, as the trainer uses it.
 
-Connection errors, timeouts and 5xx answers are retried with exponential backoff; anything else that
-is wrong raises `RewardServerError` at once. It never returns made-up scores: training on rewards
-that were never computed would be silently wrong.
+Only what may be an outage is retried, with exponential backoff and a warning per retry: connection
+errors, timeouts, and 5xx answers that are not of the protocol (a proxy's 502/503/504, say). An answer
+of the protocol with a non-zero error_code is the server's verdict on the data (a 4xx, the 422 naming
+an item it cannot score, a 500 of its own): it raises `RewardServerError` at once with the server's
+message, since asking again would get the same answer. It never returns made-up scores: training on
+rewards that were never computed would be silently wrong.
 """
 
 import math
 import time
 
 import requests
+from paddlenlp.utils.log import logger
 
 
 class RewardServerError(RuntimeError):
@@ -16,7 +20,7 @@ class RewardServerError(RuntimeError):
 
 
 class RetryableError(Exception):
-    """A failure worth another attempt: the server may be restarting or overloaded."""
+    """A failure worth another attempt: the server, or a proxy in front of it, may be restarting or overloaded."""
 
 
 class RewardServerClient:
@@ -53,13 +57,18 @@ class RewardServerClient:
 
     def _request(self, method, path, **kwargs):
         attempts = self.max_retries + 1
-        for attempt in range(attempts):
+        for attempt in range(1, attempts + 1):
             try:
                 return self._request_once(method, path, **kwargs)
             except RetryableError as error:
                 last_error = error
-            if attempt + 1 < attempts:
-                time.sleep(self.backoff * 2**attempt)
+            if attempt < attempts:
+                wait = self.backoff * 2 ** (attempt - 1)
+                logger.warning(
+                    f"reward server at {self.url} ({method} {path}): attempt {attempt}/{attempts} failed "
+                    f"({last_error}); retrying in {wait:g}s"
+                )
+                time.sleep(wait)
         raise RewardServerError(
             f"reward server at {self.url} stayed unreachable after {attempts} attempts; last error: {last_error}"
         )
@@ -73,7 +82,7 @@ class RewardServerClient:
         message = body.get("error_msg") if body is not None else None
         if not isinstance(message, str):
             message = answer.text[:300]
-        if answer.status_code >= 500:
+        if answer.status_code >= 500 and not is_protocol_error(body):
             raise RetryableError(f"HTTP {answer.status_code}: {message}")
         where = f"reward server at {self.url} ({method} {path})"
         if answer.status_code >= 400:
@@ -91,6 +100,11 @@ def json_object_or_none(answer):
     except ValueError:
         return None
     return body if isinstance(body, dict) else None
+
+
+def is_protocol_error(body):
+    """Whether `body` is the server's own error answer, as opposed to a proxy's or a crash page."""
+    return body is not None and body.get("error_code") not in (None, 0) and isinstance(body.get("error_msg"), str)
 
 
 def is_real_number(value):

@@ -6,12 +6,18 @@ POST /        {"src": [str], "tgt": [str], "response": [str]}
               -> 200 {"error_code": 0, "error_msg": "Success", "score": [float]}
 GET  /health  -> 200 {"status": "ok", "task": str, "max_score": float}
 Any failure   -> 4xx/5xx {"error_code": <the HTTP status>, "error_msg": str, "score": []}
+
+A bad request (malformed JSON, missing keys, wrong types, unequal lengths) gets 400, too many items or
+bytes 413. An item the reward cannot score (its rule raises, or gives a non-finite score) gets 422,
+with an error_msg naming the task, the item's index and its src/tgt/response (each cut to 200 chars):
+    reward 'arith' cannot score item 3 (src='1+2=', tgt='abc', response='12'): ValueError: ...
+An unexpected error in the server gets 500. Every answer of this protocol is final for its request:
+clients retry only outages, such as a proxy's 502/503/504 with a body that is not of this protocol.
 """
 
 import argparse
 import json
 import logging
-import math
 import sys
 from pathlib import Path
 
@@ -22,7 +28,7 @@ if not __package__:
 from flask import Flask, jsonify, request  # noqa: E402
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge  # noqa: E402
 
-from llm.alignment.ppo.rewards import REWARD_TASKS, get_reward_task  # noqa: E402
+from llm.alignment.ppo.rewards import REWARD_TASKS, RewardInputError, get_reward_task  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -79,20 +85,6 @@ def parse_batch(raw_body, max_batch):
     return columns
 
 
-def score_batch(task, src, tgt, response):
-    scores = []
-    for index, item in enumerate(zip(src, tgt, response)):
-        try:
-            score = float(task.score(*item))
-        except Exception as error:
-            logger.exception("reward %r failed on item %d", task.name, index)
-            raise RequestError(500, f"reward {task.name!r} failed on item {index}: {type(error).__name__}: {error}")
-        if not math.isfinite(score):
-            raise RequestError(500, f"reward {task.name!r} gave the non-finite score {score} to item {index}")
-        scores.append(score)
-    return scores
-
-
 def create_app(task_name, max_batch=DEFAULT_MAX_BATCH, max_content_length=DEFAULT_MAX_CONTENT_LENGTH):
     """A Flask app scoring with the registered reward `task_name`."""
     task = get_reward_task(task_name)
@@ -110,7 +102,13 @@ def create_app(task_name, max_batch=DEFAULT_MAX_BATCH, max_content_length=DEFAUL
             # A chunked body is cut at the limit, not refused: reading past it raises the 413.
             request.stream.read(1)
         src, tgt, response = parse_batch(raw_body, max_batch)
-        return reply(200, "Success", score_batch(task, src, tgt, response))
+        try:
+            scores = task.score_batch(src, tgt, response)
+        except RewardInputError as error:
+            logger.exception("%s", error)
+            # 422, not 500: the data cannot be scored, so a client must not retry it as an outage.
+            raise RequestError(422, str(error)) from error
+        return reply(200, "Success", scores)
 
     @app.get("/health")
     def health():

@@ -2,10 +2,27 @@
 
 Each task also declares `max_score`, the score of a fully correct answer; a response counts as
 accurate when it reaches it. Rule rewards parse model output; they never execute it.
+
+`RewardTask.score_batch` is how the reward server and the in-process scorer call a rule: an item the
+rule cannot score stops the batch with a `RewardInputError` naming the task, the item and its values.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Dict
+
+SHOWN_CHARS = 200
+
+
+class RewardInputError(ValueError):
+    """A rule reward could not score one item; the message names the task, the item and its values."""
+
+
+def shown(text, as_text=repr):
+    """`as_text(text)`, cut to SHOWN_CHARS so one bad megabyte response does not flood the log."""
+    if len(text) <= SHOWN_CHARS:
+        return as_text(text)
+    return f"{as_text(text[:SHOWN_CHARS])}... ({len(text)} chars)"
 
 
 @dataclass(frozen=True)
@@ -16,6 +33,28 @@ class RewardTask:
 
     def is_correct(self, score):
         return score >= self.max_score
+
+    def score_batch(self, src, tgt, response):
+        """One finite float per item, in order."""
+        return [self.score_item(index, *item) for index, item in enumerate(zip(src, tgt, response))]
+
+    def score_item(self, index, src, tgt, response):
+        try:
+            score = float(self.score(src, tgt, response))
+        except Exception as error:
+            # The cause is cut too: rules often quote the value they choke on.
+            cause = shown(f"{type(error).__name__}: {error}", as_text=str)
+            item = describe_item(index, src, tgt, response)
+            raise RewardInputError(f"reward {self.name!r} cannot score {item}: {cause}") from error
+        if not math.isfinite(score):
+            # A NaN or inf reward would poison every advantage of the batch.
+            item = describe_item(index, src, tgt, response)
+            raise RewardInputError(f"reward {self.name!r} gave the non-finite score {score} to {item}")
+        return score
+
+
+def describe_item(index, src, tgt, response):
+    return f"item {index} (src={shown(src)}, tgt={shown(tgt)}, response={shown(response)})"
 
 
 REWARD_TASKS: Dict[str, RewardTask] = {}

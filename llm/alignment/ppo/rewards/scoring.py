@@ -19,7 +19,7 @@ class RuleRewardScorer:
         self.max_score = self.task.max_score
 
     def score(self, exp):
-        return [float(self.task.score(p, l, r)) for p, l, r in zip(exp.prompts, exp.labels, exp.responses)]
+        return self.task.score_batch(exp.prompts, exp.labels, exp.responses)
 
 
 class ServerRewardScorer:

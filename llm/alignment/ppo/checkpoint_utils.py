@@ -1,4 +1,5 @@
-"""Checkpoint helpers: atomic folders, RNG states of every rank, optimizer state keyed by parameter paths."""
+"""Checkpoint helpers: atomic folders, finding, resuming and rotating `checkpoint-N` folders, RNG states of every
+rank, optimizer state keyed by parameter paths."""
 
 import contextlib
 import os
@@ -8,6 +9,9 @@ import shutil
 import numpy as np
 import paddle
 import paddle.distributed as dist
+from paddlenlp.trainer.trainer import TRAINER_STATE_NAME
+from paddlenlp.trainer.trainer_utils import _re_checkpoint
+from paddlenlp.utils.log import logger
 
 from llm.alignment.ppo.comm_utils import is_distributed
 
@@ -52,6 +56,83 @@ def atomic_directory(path):
         shutil.rmtree(old)
     else:
         os.rename(tmp, path)
+
+
+def checkpoint_folders(output_dir):
+    """{step: path} of the `checkpoint-N` folders in `output_dir` (not the `.tmp-`/`.old-` leftovers of atomic saves)."""
+    if not os.path.isdir(output_dir):
+        return {}
+    found = {}
+    for name in os.listdir(output_dir):
+        match = _re_checkpoint.search(name)
+        if match and os.path.isdir(os.path.join(output_dir, name)):
+            found[int(match.group(1))] = os.path.join(output_dir, name)
+    return found
+
+
+def last_complete_checkpoint(output_dir):
+    """The highest-step checkpoint in `output_dir` that holds its trainer state, or None. paddlenlp's
+    get_last_checkpoint checks completeness only on its PDC platform, so it would pick a stray folder."""
+    folders = checkpoint_folders(output_dir)
+    complete = [step for step, path in folders.items() if os.path.isfile(os.path.join(path, TRAINER_STATE_NAME))]
+    return folders[max(complete)] if complete else None
+
+
+def resolve_resume_checkpoint(args, training):
+    """Decide once, before any model loads, which checkpoint a run continues from, and set
+    `args.resume_from_checkpoint` to its path or None (PaddleNLP's run_finetune convention):
+    - a training run into an output_dir holding a complete checkpoint resumes from the last one, so rerunning
+      a crashed job's command loses no work; `resume_from_checkpoint true` asks for exactly that and fails
+      when there is none;
+    - an explicit path is used as given;
+    - `overwrite_output_dir` starts afresh and removes the old checkpoints first, so that rotation and
+      auto-resume never mix two runs' folders;
+    - an evaluation-only run (`training` false) neither resumes nor removes anything."""
+    requested = args.resume_from_checkpoint
+    # PdArgumentParser turns a JSON `true` into "True" and leaves a command-line `true` as "true".
+    auto = str(requested).lower() == "true"
+    if not training:
+        if auto:
+            raise ValueError("resume_from_checkpoint true continues training; an evaluation-only run takes a checkpoint path")
+        return requested
+    if args.overwrite_output_dir:
+        if requested is not None:
+            raise ValueError("overwrite_output_dir starts afresh: it contradicts resume_from_checkpoint, unset one of them")
+        remove_checkpoints(args.output_dir)
+        args.resume_from_checkpoint = None
+        return None
+    if requested is not None and not auto:
+        return requested
+    last = last_complete_checkpoint(args.output_dir)
+    if last is None and auto:
+        raise FileNotFoundError(f"resume_from_checkpoint true: output_dir {args.output_dir} holds no complete checkpoint")
+    if last is not None:
+        logger.info(f"resuming from {last}, the last checkpoint in output_dir; set overwrite_output_dir true to start afresh")
+    args.resume_from_checkpoint = last
+    return last
+
+
+def remove_checkpoints(output_dir):
+    """Remove every checkpoint folder in `output_dir`, with the leftovers of interrupted atomic saves (rank 0)."""
+    if dist.get_rank() == 0 and os.path.isdir(output_dir):
+        leftovers = [n for n in os.listdir(output_dir) if n.startswith((".tmp-checkpoint-", ".old-checkpoint-"))]
+        removed = sorted(os.path.basename(p) for p in checkpoint_folders(output_dir).values()) + sorted(leftovers)
+        for name in removed:
+            shutil.rmtree(os.path.join(output_dir, name))
+        if removed:
+            logger.info(f"overwrite_output_dir: removed {', '.join(removed)} from {output_dir}")
+    barrier()
+
+
+def rotate_checkpoints(output_dir, limit, just_written):
+    """Keep the newest `limit` checkpoints by step, and always `just_written` (its step): a higher-numbered
+    one left by an earlier run must not push out the checkpoint this run depends on."""
+    if not limit:
+        return
+    folders = checkpoint_folders(output_dir)
+    for step in sorted(folders)[:-limit]:
+        if step != just_written:
+            shutil.rmtree(folders[step])
 
 
 def optimizer_state_by_structured_name(optimizer, model):

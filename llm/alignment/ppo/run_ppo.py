@@ -18,6 +18,7 @@ from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 from paddlenlp.utils.log import logger
 
 from llm.alignment.ppo.arguments import parse_arguments
+from llm.alignment.ppo.checkpoint_utils import resolve_resume_checkpoint
 from llm.alignment.ppo.comm_utils import finish_distributed_run
 from llm.alignment.ppo.data import PromptOnlyDataset, SupervisedDataset
 from llm.alignment.ppo.models.score_model import AutoModelForScore
@@ -129,9 +130,16 @@ def load_tokenizer(path):
     return tokenizer
 
 
+def evaluation_only(training_args):
+    """PaddleNLP's evaluation-only run: do_eval without do_train (any other run trains)."""
+    return training_args.do_eval and not training_args.do_train
+
+
 def build_trainer(argv):
     """Parse the config and build the tokenizer, models, datasets, reward and trainer it describes."""
     model_args, data_args, training_args = parse_arguments(argv)
+    # Before the models load: they come from the resumed checkpoint (checkpoint_or).
+    resolve_resume_checkpoint(training_args, training=not evaluation_only(training_args))
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
     tokenizer = load_tokenizer(model_args.tokenizer_name_or_path or model_args.actor_model_name_or_path)
@@ -161,8 +169,8 @@ def build_trainer(argv):
 
 def main(argv):
     trainer = build_trainer(argv)
-    if trainer.args.do_eval and not trainer.args.do_train:
-        # PaddleNLP's evaluation-only run: greedy eval of the actor, written to output_dir/eval_results.json.
+    if evaluation_only(trainer.args):
+        # Greedy eval of the actor, written to output_dir/eval_results.json.
         if trainer.eval_dataset is None:
             raise ValueError("do_eval without do_train evaluates the actor: set eval_datasets")
         os.makedirs(trainer.args.logging_dir, exist_ok=True)

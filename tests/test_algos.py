@@ -210,11 +210,12 @@ def test_reinforce_plus_plus_by_hand():
     # returns: [0.7, 0.8] and [0.1]; whitened over the three valid tokens.
     rewards = t([1.0, 0.0])
     mask = t([[1, 1], [1, 0]])
-    token_kl = t([[0.2, 0.4], [-0.2, 9.0]])
-    adv = ADVANTAGE_ESTIMATORS.get("reinforce_plus_plus")(rewards, mask, token_kl=token_kl, kl_coeff=0.5).numpy()
+    logprobs, ref_logprobs = t([[-1.0, -0.6], [-1.2, 8.0]]), t([[-1.2, -1.0], [-1.0, -1.0]])  # k1 = [[0.2, 0.4], [-0.2, 9]]
+    adv = ADVANTAGE_ESTIMATORS.get("reinforce_plus_plus")(rewards, mask, logprobs, ref_logprobs, kl_coeff=0.5).numpy()
     returns = np.array([0.7, 0.8, 0.1])
-    white = (returns - returns.mean()) / np.sqrt(returns.var() + 1e-8)
-    np.testing.assert_allclose(adv, [[white[0], white[1]], [white[2], 0.0]], rtol=1e-5, atol=1e-6)
+    # verl's masked_whiten: unbiased variance, eps 1e-8.
+    white = (returns - returns.mean()) / np.sqrt(returns.var(ddof=1) + 1e-8)
+    np.testing.assert_allclose(adv, [[white[0], white[1]], [white[2], 0.0]], rtol=1e-5, atol=1e-5)
 
 
 def test_overlong_penalty_by_hand():

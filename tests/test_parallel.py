@@ -8,6 +8,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from helpers import REPO_ROOT, launch_two_processes, small_run_argv
@@ -83,10 +84,11 @@ def test_vocab_parallel_logprobs_and_entropy_match_full_vocabulary(tmp_path):
 @pytest.mark.slow
 def test_two_process_grpo_step_equals_one_process_on_the_same_global_batch(tiny_world, tmp_path):
     """The first GRPO step's loss, gradient norm and rollout metrics: 2 ranks x 4 prompts (gradients averaged
-    by data parallel) against 1 rank x 8 prompts. Rollouts are fixed (tests/probes/grpo_first_step.py);
-    responses are weighed equally (seq-mean-token-mean), so the per-rank means average to the global one."""
+    by data parallel) against 1 rank x 8 prompts. Rollouts are fixed (tests/probes/grpo_first_step.py).
+    With token-mean every response token of the step weighs the same whichever rank holds it (verl's
+    global token mean): the ranks hold different numbers of tokens, so a per-rank mean would differ."""
     probe = os.path.join(PROBES, "grpo_first_step.py")
-    shared = {"use_rm_server": "false", "use_rule_reward": "true", "loss_agg_mode": "seq-mean-token-mean", "max_steps": 1}
+    shared = {"use_rm_server": "false", "use_rule_reward": "true", "loss_agg_mode": "token-mean", "max_steps": 1}
 
     def argv(run, prompts_per_rank):
         return small_run_argv(
@@ -105,9 +107,41 @@ def test_two_process_grpo_step_equals_one_process_on_the_same_global_batch(tiny_
     launch_two_processes(str(double), [TINY_CONFIG, *argv("double", 4)], tmp_path / "log", script=probe)
 
     one, two = json.loads(single.read_text()), json.loads(double.read_text())
+    rank_tokens = [json.loads((tmp_path / f"double.json.rank{rank}").read_text())["response_tokens"] for rank in (0, 1)]
+    assert rank_tokens[0] != rank_tokens[1], rank_tokens  # so a mean of per-rank token means would differ
     assert one["grad_norm"] > 1e-3 and 0 < one["accuracy"] < 1  # a real gradient from mixed rewards
     for key in ["loss/policy_avg", "grad_norm", "reward_mean", "accuracy", "response_length_mean"]:
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
     # The entropy statistic is a mean over each rank's tokens, then over ranks: ranks with fewer tokens
     # weigh a little more, so it agrees less closely.
     assert two["entropy"] == pytest.approx(one["entropy"], rel=1e-3)
+
+
+@pytest.mark.slow
+def test_advantages_are_whitened_over_every_data_parallel_rank(tmp_path):
+    """REINFORCE++ and GAE whiten over the global batch, as verl does: each of 2 ranks' half equals the
+    NumPy whitening (verl's masked_whiten, unbiased variance) of the whole batch."""
+    from test_ppo_algos import numpy_gae
+
+    output = tmp_path / "whitened.json"
+    launch_two_processes(str(output), [], tmp_path / "log", script=os.path.join(PROBES, "whiten_over_ranks.py"))
+    ranks = [json.loads((tmp_path / f"whitened.json.rank{rank}").read_text()) for rank in (0, 1)]
+    rewards, values, mask = (np.array(ranks[0][key], dtype="float64") for key in ("rewards", "values", "mask"))
+    lengths = mask.sum(axis=1).astype(int)
+    last_token_rewards = np.zeros_like(mask)
+    last_token_rewards[np.arange(len(lengths)), lengths - 1] = rewards
+
+    def whiten(x):
+        valid = x[mask == 1]
+        return (x - valid.mean()) / np.sqrt(valid.var(ddof=1) + 1e-8) * mask
+
+    reward_to_go = np.cumsum(last_token_rewards[:, ::-1], axis=1)[:, ::-1] * mask  # gamma 1
+    expected = {
+        "reinforce_plus_plus": whiten(reward_to_go),
+        "gae": whiten(numpy_gae(last_token_rewards, values * mask, lengths, 1.0, 0.95)),
+    }
+    for name, whole in expected.items():
+        both = np.concatenate([np.array(ranks[0][name]), np.array(ranks[1][name])])
+        np.testing.assert_allclose(both, whole, rtol=1e-4, atol=1e-5, err_msg=name)
+        half = whole[:3][mask[:3] == 1]
+        assert abs(half.mean()) > 0.05  # a rank's own whitening (mean 0 on its rows) would differ

@@ -36,14 +36,16 @@ def test_gae_matches_a_numpy_loop_with_the_kl_penalty_in_the_rewards():
     mask = np.array([[1.0] * n + [0.0] * (5 - n) for n in lengths], dtype="float32")
     scores = rng.normal(size=4).astype("float32")
     values = rng.normal(size=(4, 5)).astype("float32")
-    token_kl = rng.normal(size=(4, 5)).astype("float32")
+    logprobs, ref_logprobs = rng.normal(size=(2, 4, 5)).astype("float32")
+    token_kl = logprobs - ref_logprobs
     gamma, lam, kl_coeff = 0.9, 0.8, 0.1
     token_rewards = -kl_coeff * token_kl * mask
     for row, n in enumerate(lengths):
         token_rewards[row, n - 1] += scores[row]
     expected = numpy_gae(token_rewards, values * mask, lengths, gamma, lam)
     advantages, returns = ADVANTAGE_ESTIMATORS.get("ppo")(
-        t(scores), t(mask), t(values), token_kl=t(token_kl), kl_coeff=kl_coeff, gamma=gamma, lam=lam, normalize_advantage=False
+        t(scores), t(mask), t(values), t(logprobs), t(ref_logprobs), kl_coeff=kl_coeff, gamma=gamma, lam=lam,
+        normalize_advantage=False,
     )
     np.testing.assert_allclose(advantages.numpy(), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(returns.numpy(), (expected + values) * mask, rtol=1e-5, atol=1e-6)
@@ -53,7 +55,7 @@ def test_gae_whitens_advantages_over_valid_tokens_only():
     mask = t([[1, 1, 1], [1, 0, 0]])
     advantages, returns = ADVANTAGE_ESTIMATORS.get("ppo")(t([1.0, -2.0]), mask, t([[0.5, 0.1, 0.2], [0.3, 9.0, 9.0]]), lam=1.0)
     valid = advantages.numpy()[mask.numpy() == 1]
-    assert abs(valid.mean()) < 1e-5 and valid.std() == pytest.approx(1.0, rel=1e-4)
+    assert abs(valid.mean()) < 1e-5 and valid.std(ddof=1) == pytest.approx(1.0, rel=1e-4)  # verl: unbiased variance
     assert (advantages.numpy()[mask.numpy() == 0] == 0).all()
     # The returns are not whitened: with gamma = lam = 1 they are the reward to go, here the final score.
     np.testing.assert_allclose(returns.numpy(), [[1.0, 1.0, 1.0], [-2.0, 0.0, 0.0]], atol=1e-6)

@@ -5,7 +5,8 @@
 Sampling draws different random numbers for a different batch layout, so the rollouts are fixed instead:
 for each prompt the right sum and wrong ones, rewards that differ within every group. Everything after
 the rollout (rewards, log-probs, advantages, the update with data-parallel gradient synchronisation,
-metrics over ranks) is run_ppo's own. Rank 0 writes the step's metrics to METRICS.json.
+metrics over ranks) is run_ppo's own. Rank 0 writes the step's metrics to METRICS.json, each rank its
+number of response tokens to METRICS.json.rankN.
 """
 
 import json
@@ -37,12 +38,14 @@ def first_step_metrics(argv):
     ppo_trainer.generate_rollouts = fixed_rollouts
     trainer = run_ppo.build_trainer(argv)
     trainer.prepare_training()
-    _, metrics = trainer.rl_step(trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size))
-    return trainer, metrics
+    exp, metrics = trainer.rl_step(trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size))
+    return trainer, exp, metrics
 
 
 if __name__ == "__main__":
-    trainer, metrics = first_step_metrics(sys.argv[2:])
+    trainer, exp, metrics = first_step_metrics(sys.argv[2:])
+    with open(f"{sys.argv[1]}.rank{paddle.distributed.get_rank()}", "w") as f:
+        json.dump({"response_tokens": float(exp.response_mask.sum())}, f)
     if trainer.is_world_process_zero():
         with open(sys.argv[1], "w") as f:
             json.dump(metrics, f)

@@ -14,6 +14,7 @@ from typing import Optional
 
 import paddle
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
+from paddlenlp.utils.log import logger
 
 from llm.alignment.ppo.algos import (
     ADVANTAGE_ESTIMATORS,
@@ -24,9 +25,6 @@ from llm.alignment.ppo.algos import (
 )
 from llm.alignment.ppo.offload_utils import parse_offload_level
 from llm.alignment.ppo.rewards import REWARD_TASKS
-
-# Estimators whose baseline comes from the other samples of the same prompt.
-GROUP_BASELINE_ALGORITHMS = ("grpo", "rloo")
 
 # Other names users' PaddleNLP configs use for the same setting.
 KEY_ALIASES = {"num_return_sequences": "rollout_n"}
@@ -93,7 +91,8 @@ class RLTrainingArguments(TrainingArguments):
     kl_loss_coeff: float = field(default=0.001, metadata={"help": "Weight of the KL-to-reference loss (0 disables the reference model)."})
     kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2 or k3."})
     kl_coeff: float = field(
-        default=0.0, metadata={"help": "Weight of the k1 KL penalty in the token rewards (ppo, reinforce_plus_plus)."}
+        default=0.0,
+        metadata={"help": "Weight of the k1 KL penalty in the token rewards (ppo, reinforce_plus_plus; other algorithms ignore it, with a warning)."},
     )
     gamma: float = field(default=1.0, metadata={"help": "Discount of the token returns (ppo, reinforce_plus_plus)."})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda (ppo)."})
@@ -129,18 +128,30 @@ class RLTrainingArguments(TrainingArguments):
     clip_range_ratio: float = field(default=0.2, metadata={"help": "PPO ratio clip, both sides unless _low/_high are given."})
     clip_range_ratio_low: Optional[float] = field(default=None, metadata={"help": "Lower clip: ratio >= 1 - this."})
     clip_range_ratio_high: Optional[float] = field(default=None, metadata={"help": "Upper clip: ratio <= 1 + this (DAPO clip-higher)."})
+    clip_ratio_c: float = field(
+        default=3.0,
+        metadata={"help": "Dual-clip PPO (ppo_clip): the loss of a negative-advantage token is at most -A x this (verl's key and default; 0: off)."},
+    )
     clip_range_score: float = field(default=50.0, metadata={"help": "Rewards are clipped to [-this, this]."})
     overlong_reward_buffer: int = field(
         default=0, metadata={"help": "DAPO overlong penalty: responses longer than max_dec_len - this are penalised (0: off)."}
     )
     overlong_penalty_factor: float = field(default=1.0, metadata={"help": "Penalty of a response of max_dec_len tokens."})
-    loss_agg_mode: str = field(default="token-mean", metadata={"help": "Loss aggregation: " + ", ".join(LOSS_AGGREGATIONS.names())})
+    loss_agg_mode: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "Loss aggregation over the optimizer step's tokens: " + ", ".join(LOSS_AGGREGATIONS.names())
+            + " (default token-mean; gspo always seq-mean-token-mean)."
+        },
+    )
     norm_adv_by_std_in_grpo: bool = field(default=True, metadata={"help": "Divide group advantages by the group std (False: Dr.GRPO)."})
     min_learning_rate: float = field(default=0.0, metadata={"help": "The schedule decays to this learning rate."})
     use_rm_server: bool = field(default=False, metadata={"help": "Score responses with the reward server."})
     reward_server: str = field(default="http://127.0.0.1:8731", metadata={"help": "URL of the reward server."})
     reward_server_timeout: float = field(default=60.0, metadata={"help": "Seconds to wait for one reward request."})
-    reward_server_max_retries: int = field(default=3, metadata={"help": "Retries of a failed reward request (exponential backoff) before the run stops."})
+    reward_server_max_retries: int = field(
+        default=3, metadata={"help": "Retries of a reward request that met an outage (no answer, timeout, 5xx without a protocol error), with exponential backoff, before the run stops."}
+    )
     use_rule_reward: bool = field(default=False, metadata={"help": "Score responses in-process with the rule reward of reward_task."})
     reward_task: str = field(default="kk", metadata={"help": "Rule reward task: " + ", ".join(sorted(REWARD_TASKS))})
     sample_log_interval: int = field(default=5, metadata={"help": "Write a table of sample completions every logging_steps * this steps."})
@@ -160,11 +171,11 @@ class RLTrainingArguments(TrainingArguments):
     @property
     def kl_in_reward(self):
         """The token rewards carry a KL penalty, which needs the rollout policy's and the reference's log-probs."""
-        return self.rl_algorithm in ("ppo", "reinforce_plus_plus") and self.kl_coeff > 0
+        return ADVANTAGE_ESTIMATORS.traits(self.rl_algorithm).kl_in_reward and self.kl_coeff > 0
 
     @property
     def uses_critic(self):
-        return self.rl_algorithm == "ppo"
+        return ADVANTAGE_ESTIMATORS.traits(self.rl_algorithm).critic
 
     @property
     def uses_reference_model(self):
@@ -188,7 +199,21 @@ class RLTrainingArguments(TrainingArguments):
             if getattr(self, key) not in RECOMPUTE_GRANULARITIES:
                 raise ValueError(f"{key}={getattr(self, key)!r}: choose from {RECOMPUTE_GRANULARITIES}")
 
+    def resolve_loss_agg_mode(self):
+        """An unset loss_agg_mode is token-mean; a policy loss defined with its own aggregation (gspo: per
+        sequence) always gets it, with a warning when the config asks for another."""
+        if self.policy_loss not in POLICY_LOSSES.names():
+            return  # validate_rl names the key
+        required = POLICY_LOSSES.traits(self.policy_loss).loss_agg_mode
+        if required and self.loss_agg_mode not in (None, required):
+            logger.warning(
+                f"policy_loss={self.policy_loss} is defined per sequence: loss_agg_mode={self.loss_agg_mode!r} "
+                f"is replaced by {required!r} (the GSPO paper; verl's compute_policy_loss_gspo)"
+            )
+        self.loss_agg_mode = required or self.loss_agg_mode or "token-mean"
+
     def validate_rl(self):
+        self.resolve_loss_agg_mode()
         choices = {
             "rl_algorithm": ADVANTAGE_ESTIMATORS,
             "kl_estimator": KL_ESTIMATORS,
@@ -201,11 +226,21 @@ class RLTrainingArguments(TrainingArguments):
             value = getattr(self, key)
             if value not in registry.names():
                 raise ValueError(f"{key}={value!r} is not available; choose from {registry.names()}")
-        positive = ["rollout_n", "per_device_prompt_batch_size", "max_dec_len", "update_iters", "max_steps", "sample_log_interval"]
+        positive = [
+            "rollout_n", "per_device_prompt_batch_size", "max_dec_len", "update_iters", "max_steps", "sample_log_interval",
+            "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "reward_server_timeout",
+        ]
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
-        if self.rl_algorithm in GROUP_BASELINE_ALGORITHMS and self.rollout_n < 2:
+        if self.kl_coeff > 0 and not ADVANTAGE_ESTIMATORS.traits(self.rl_algorithm).kl_in_reward:
+            logger.warning(
+                f"kl_coeff={self.kl_coeff} has no effect with rl_algorithm={self.rl_algorithm}: it puts a KL penalty in "
+                "the token rewards of ppo and reinforce_plus_plus; use kl_loss_coeff for a KL loss"
+            )
+        if self.clip_ratio_c and self.clip_ratio_c <= 1:
+            raise ValueError(f"clip_ratio_c={self.clip_ratio_c} must be > 1 (dual clip caps the loss at -A x clip_ratio_c), or 0 for off")
+        if ADVANTAGE_ESTIMATORS.traits(self.rl_algorithm).group_baseline and self.rollout_n < 2:
             raise ValueError(
                 f"rollout_n={self.rollout_n}: {self.rl_algorithm} compares samples of one prompt, so it needs rollout_n >= 2"
             )
@@ -220,9 +255,11 @@ class RLTrainingArguments(TrainingArguments):
         for key in [
             "clip_range_ratio_low", "clip_range_ratio_high", "clip_range_score", "kl_loss_coeff", "entropy_coeff",
             "kl_coeff", "overlong_penalty_factor", "reward_server_max_retries", "clip_range_value", "ptx_coeff",
-            "missing_eos_penalty", "max_gen_batches", "critic_weight_decay",
+            "missing_eos_penalty", "max_gen_batches", "critic_weight_decay", "clip_ratio_c", "save_steps", "eval_steps",
+            "logging_steps", "save_total_limit", "num_sample_logs", "learning_rate", "weight_decay", "warmup_steps",
+            "max_grad_norm", "critic_learning_rate",
         ]:
-            if getattr(self, key) < 0:
+            if getattr(self, key) is not None and getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
         if self.clip_range_ratio_low >= 1:
             raise ValueError(f"clip_range_ratio_low={self.clip_range_ratio_low} must be < 1 (ratios are positive)")

@@ -1,4 +1,4 @@
-"""Masked statistics and reductions of metrics over the data-parallel ranks (Paddle collectives only).
+"""Reductions over the data-parallel ranks (Paddle collectives only).
 
 Under fleet hybrid parallel, the ranks of one tensor- or pipeline-parallel group share a batch: only
 data-parallel and sharding ranks hold different data. Sums over all ranks are therefore divided by the
@@ -12,18 +12,6 @@ import sys
 import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
-
-
-def masked_mean(values, mask, axis=None):
-    mask = mask.astype(values.dtype)
-    return (values * mask).sum(axis=axis) / mask.sum(axis=axis).clip(min=1.0)
-
-
-def masked_whiten(values, mask, epsilon=1e-8):
-    """(values - mean) / std over the positions where `mask` is 1 (population std); 0 elsewhere."""
-    mean = masked_mean(values, mask)
-    variance = masked_mean((values - mean) ** 2, mask)
-    return (values - mean) / paddle.sqrt(variance + epsilon) * mask.astype(values.dtype)
 
 
 def is_distributed():
@@ -70,10 +58,21 @@ def all_reduce_scalars(values, op=dist.ReduceOp.SUM):
         return dict(values)
     keys = sorted(values)
     stacked = paddle.to_tensor([float(values[k]) for k in keys], dtype="float64")
-    dist.all_reduce(stacked, op=op)
     if op == dist.ReduceOp.SUM:
-        stacked = stacked / (dist.get_world_size() // data_parallel_rank_and_size()[1])
+        stacked = sum_over_data_ranks(stacked)
+    else:
+        dist.all_reduce(stacked, op=op)
     return dict(zip(keys, stacked.numpy().tolist()))
+
+
+def sum_over_data_ranks(tensor):
+    """The sum of `tensor` over the data ranks, each batch's copies on tensor- and pipeline-parallel ranks
+    counted once (a new tensor; the input itself in a single process)."""
+    if not is_distributed():
+        return tensor
+    total = tensor.clone()
+    dist.all_reduce(total)
+    return total / (dist.get_world_size() // data_parallel_rank_and_size()[1])
 
 
 def mean_over_ranks(values):

@@ -9,7 +9,6 @@ data-parallel wrapping, callbacks (progress bar, VisualDL) and RNG-state restore
 import contextlib
 import json
 import os
-import shutil
 import time
 
 import numpy as np
@@ -18,29 +17,33 @@ import paddle.distributed as dist
 from paddle.io import DistributedBatchSampler
 from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import Trainer
+from paddlenlp.trainer.trainer import TRAINER_STATE_NAME
 from paddlenlp.trainer.trainer_callback import TrainerState
 from paddlenlp.utils.log import logger
 
 from llm.alignment.ppo.algos import ADVANTAGE_ESTIMATORS
 from llm.alignment.ppo.algos.registry import call_with_options
-from llm.alignment.ppo.algos.metrics import explained_variance, rlhf_objective_metrics
-from llm.alignment.ppo.algos.reward_shaping import groups_with_reward_variance, missing_eos_penalty, overlong_penalty
+from llm.alignment.ppo.algos.losses import LossScale
+from llm.alignment.ppo.algos.masked import masked_mean
+from llm.alignment.ppo.algos.metrics import explained_variance, gradient_norm, rlhf_objective_metrics
+from llm.alignment.ppo.algos.reward_shaping import groups_with_reward_variance, shape_rewards
 from llm.alignment.ppo.algos.schedules import build_lr_scheduler
-from llm.alignment.ppo.algos.token_stats import gather_logprobs, position_ids_from_mask
+from llm.alignment.ppo.algos.token_stats import position_ids_from_mask
 from llm.alignment.ppo.checkpoint_utils import (
     atomic_directory,
     barrier,
     collect_rng_states,
     load_optimizer_state,
     optimizer_state_by_structured_name,
+    rotate_checkpoints,
 )
 from llm.alignment.ppo.comm_utils import (
     all_reduce_scalars,
     data_parallel_rank_and_size,
     is_distributed,
-    masked_mean,
     mean_over_ranks,
     rank_shard,
+    sum_over_data_ranks,
     vocab_parallel_group,
 )
 from llm.alignment.ppo.data import IGNORE_INDEX
@@ -51,7 +54,7 @@ from llm.alignment.ppo.models.ppo_model_utils import PolicyObjective, ValueObjec
 from llm.alignment.ppo.models.score_model_utils import RunningMeanStd
 from llm.alignment.ppo.offload_utils import OffloadPlan
 
-OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE = "optimizer.pdopt", "scheduler.pdparams", "trainer_state.json"
+OPTIMIZER_FILE, SCHEDULER_FILE = "optimizer.pdopt", "scheduler.pdparams"
 DATA_STATE_FILE = "data_state.json"
 CRITIC_OPTIMIZER_FILE, CRITIC_SCHEDULER_FILE = "value_optimizer.pdopt", "value_scheduler.pdparams"
 REWARD_NORMALIZER_FILE = "reward_normalizer.pdparams"
@@ -182,6 +185,9 @@ class PPOTrainer(Trainer):
     def train(self, resume_from_checkpoint=None):
         args = self.args
         start_step = self.prepare_training(resume_from_checkpoint)
+        if start_step >= args.max_steps:
+            self.rerun_finished(start_step)
+            return
         batches = self.endless_batches("train", self.train_dataset, args.per_device_prompt_batch_size)
         self.state.max_steps, self.state.global_step = args.max_steps, start_step
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
@@ -204,6 +210,16 @@ class PPOTrainer(Trainer):
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         self.save_checkpoint()
         self.save_final_models()
+
+    def rerun_finished(self, step):
+        """A rerun of a finished run changes nothing, except that it writes the final models from the last
+        checkpoint when a crash came between that checkpoint and the final save."""
+        logger.info(f"the run in {self.args.output_dir} already finished at step {step} (max_steps {self.args.max_steps})")
+        missing = [name for name, _ in self.final_model_saves() if not os.path.isdir(os.path.join(self.args.output_dir, name))]
+        barrier()  # every rank has looked before rank 0 writes, so all agree on whether to save
+        if missing:
+            logger.info(f"writing the missing final models {', '.join(missing)} from the checkpoint")
+            self.save_final_models()
 
     def log_evaluation(self, split):
         """Evaluate, log, and write output_dir/{split}_results.json (rank 0)."""
@@ -243,11 +259,11 @@ class PPOTrainer(Trainer):
                 exp.values = self.compute_values(exp)
         if args.uses_reference_model:
             exp.ref_logprobs = self.compute_reference_logprobs(exp)
-        token_kl = exp.old_logprobs - exp.ref_logprobs if args.kl_in_reward else None
         advantages = call_with_options(
             self.advantage_fn, exp.rewards, exp.response_mask, group_index=exp.group_index, values=exp.values,
-            norm_adv_by_std=args.norm_adv_by_std_in_grpo, token_kl=token_kl, kl_coeff=args.kl_coeff, gamma=args.gamma,
-            lam=args.lam, normalize_advantage=args.normalize_advantage,
+            norm_adv_by_std=args.norm_adv_by_std_in_grpo, logprobs=exp.old_logprobs, ref_logprobs=exp.ref_logprobs,
+            kl_coeff=args.kl_coeff if args.kl_in_reward else 0.0, gamma=args.gamma, lam=args.lam,
+            normalize_advantage=args.normalize_advantage, reduce_sum=sum_over_data_ranks,
         )
         exp.advantages, exp.returns = advantages if isinstance(advantages, tuple) else (advantages, None)
         with self.offload.on_device("train_model", "optimizer"):
@@ -287,16 +303,17 @@ class PPOTrainer(Trainer):
         args = self.args
         with self.offload.on_device("freeze_model"), self.autocast_smart_context_manager():
             exp.scores = paddle.to_tensor(self.reward_scorer.score(exp), dtype="float32")
-        rewards = exp.scores
-        if args.missing_eos_penalty:
-            rewards = rewards + missing_eos_penalty(exp.finished, args.missing_eos_penalty)
-        if args.overlong_reward_buffer:
-            lengths = exp.response_mask.sum(axis=-1)
-            rewards = rewards + overlong_penalty(lengths, args.max_dec_len, args.overlong_reward_buffer, args.overlong_penalty_factor)
-        if self.reward_normalizer is not None:
-            self.reward_normalizer.update(rewards.unsqueeze(-1))
-            rewards = self.reward_normalizer.normalize(rewards.unsqueeze(-1)).squeeze(-1)
-        exp.rewards = rewards.clip(-args.clip_range_score, args.clip_range_score)
+        exp.rewards = shape_rewards(
+            exp.scores, exp.finished, exp.response_mask.sum(axis=-1), args.missing_eos_penalty, args.max_dec_len,
+            args.overlong_reward_buffer, args.overlong_penalty_factor,
+            normalize=self.normalize_rewards if self.reward_normalizer is not None else None,
+            clip_range=args.clip_range_score,
+        )
+
+    def normalize_rewards(self, rewards):
+        """Rewards [B] standardised by the running mean and std of every reward so far (updated first)."""
+        self.reward_normalizer.update(rewards.unsqueeze(-1))
+        return self.reward_normalizer.normalize(rewards.unsqueeze(-1)).squeeze(-1)
 
     @paddle.no_grad()
     def compute_logprobs(self, model, exp):
@@ -307,7 +324,7 @@ class PPOTrainer(Trainer):
             micro = exp.select(start, start + size)
             with self.autocast_smart_context_manager():
                 logits = response_logits(model, micro)
-            chunks.append(gather_logprobs(logits, response_labels(micro), self.vocab_group))
+            chunks.append(self.policy_objective.token_logprobs(logits, response_labels(micro), self.vocab_group))
         return paddle.concat(chunks, axis=0)
 
     def compute_reference_logprobs(self, exp):
@@ -333,69 +350,87 @@ class PPOTrainer(Trainer):
 
     def update(self, exp):
         """`update_iters` passes over micro-batches, one optimizer step of the actor (and critic) every
-        `gradient_accumulation_steps`."""
+        `gradient_accumulation_steps`; each step's loss is averaged over the whole step (see LossScale).
+        Metrics: `loss/*` are each micro-batch's share of its step's loss, so their sums over a step and
+        mean over ranks are the step's loss, averaged over steps; other statistics are micro-batch means."""
         args = self.args
         size, accumulate = args.per_device_train_batch_size, args.gradient_accumulation_steps
         self.model.train()
-        sums, count, grad_norms = {}, 0, {"grad_norm": [], "critic_grad_norm": []}
+        shares, means, count, grad_norms = {}, {}, 0, {"grad_norm": [], "critic_grad_norm": []}
         starts = [s for _ in range(args.update_iters) for s in range(0, len(exp), size)]
-        for i, start in enumerate(starts):
-            steps_now = (i + 1) % accumulate == 0
-            micro = exp.select(start, start + size)
-            stats = self.backward(self.model_wrapped, self.policy_loss, micro, steps_now)
-            if self.critic is not None:
-                stats |= self.backward(self.critic_wrapped, self.value_loss, micro, steps_now)
-            for key, value in stats.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
-            count += 1
-            if steps_now:
-                grad_norms["grad_norm"].append(self.optimizer_step(self.model, self.optimizer, self.lr_scheduler))
+        steps = [starts[i : i + accumulate] for i in range(0, len(starts), accumulate)]
+        for step_starts, scale in zip(steps, self.loss_scales(exp.response_mask, steps, size)):
+            for i, start in enumerate(step_starts):
+                steps_now = i == len(step_starts) - 1
+                micro = exp.select(start, start + size)
+                stats = self.backward(self.model_wrapped, self.policy_loss, micro, scale, steps_now)
                 if self.critic is not None:
-                    critic_norm = self.optimizer_step(self.critic, self.critic_optimizer, self.critic_lr_scheduler)
-                    grad_norms["critic_grad_norm"].append(critic_norm)
-        metrics = mean_over_ranks({k: v / count for k, v in sums.items()})
+                    stats |= self.backward(self.critic_wrapped, self.value_loss, micro, scale, steps_now)
+                for key, value in stats.items():
+                    pool = shares if key.startswith("loss/") else means
+                    pool[key] = pool.get(key, 0.0) + float(value)
+                count += 1
+            grad_norms["grad_norm"].append(self.optimizer_step(self.model, self.optimizer, self.lr_scheduler))
+            if self.critic is not None:
+                critic_norm = self.optimizer_step(self.critic, self.critic_optimizer, self.critic_lr_scheduler)
+                grad_norms["critic_grad_norm"].append(critic_norm)
+        metrics = mean_over_ranks({k: v / len(steps) for k, v in shares.items()} | {k: v / count for k, v in means.items()})
         metrics |= {name: float(np.mean(norms)) for name, norms in grad_norms.items() if norms}
         metrics["lr"] = self.lr_scheduler.get_lr()
         if self.critic is not None:
             metrics["critic_lr"] = self.critic_lr_scheduler.get_lr()
         return metrics
 
-    def backward(self, wrapped, loss_fn, micro, steps_now):
-        """Backward of `loss_fn(micro)` scaled for accumulation; gradients are synchronised across data-parallel
-        ranks only on the micro-batch that steps."""
+    @staticmethod
+    def loss_scales(response_mask, steps, size):
+        """The LossScale of each optimizer step (a list of micro-batch starts): its response tokens and
+        responses, summed over its micro-batches and the data ranks."""
+        tokens = response_mask.sum(axis=1).numpy()
+        local = {}
+        for i, starts in enumerate(steps):
+            rows = [row for start in starts for row in range(start, min(start + size, len(tokens)))]
+            local[f"tokens_{i}"], local[f"sequences_{i}"] = float(tokens[rows].sum()), float(len(rows))
+        totals = all_reduce_scalars(local)
+        ranks = data_parallel_rank_and_size()[1]
+        return [LossScale(totals[f"tokens_{i}"], totals[f"sequences_{i}"], ranks) for i in range(len(steps))]
+
+    def backward(self, wrapped, loss_fn, micro, scale, steps_now):
+        """Backward of `loss_fn(micro, scale)`, the micro-batch's share of its step's loss; gradients are
+        synchronised across data-parallel ranks only on the micro-batch that steps."""
         # fleet's hybrid-parallel wrappers have no no_sync: their optimizer reduces gradients when it steps.
         deferred = not steps_now and is_distributed() and hasattr(wrapped, "no_sync")
         sync = wrapped.no_sync() if deferred else contextlib.nullcontext()
         with sync:
-            loss, stats = loss_fn(micro)
-            (loss / self.args.gradient_accumulation_steps).backward()
+            loss, stats = loss_fn(micro, scale)
+            loss.backward()
         return stats
 
-    def policy_loss(self, micro):
-        """The policy objective on a micro-batch, plus ptx_coeff x the language-model loss of a ptx micro-batch."""
+    def policy_loss(self, micro, scale):
+        """The policy objective on a micro-batch, plus ptx_coeff x the language-model loss of a ptx
+        micro-batch (a mean per micro-batch, so averaged over the accumulation steps)."""
         with self.autocast_smart_context_manager():
             logits = response_logits(self.model_wrapped, micro)
         loss, stats = self.policy_objective(
             logits, response_labels(micro), micro.old_logprobs, micro.ref_logprobs, micro.advantages, micro.response_mask,
-            self.vocab_group,
+            self.vocab_group, scale,
         )
         if self.ptx_batches is not None:
             with self.autocast_smart_context_manager():
                 ptx_loss = self.model_wrapped(**next(self.ptx_batches), return_dict=True).loss
-            loss = loss + self.args.ptx_coeff * ptx_loss
-            stats["loss/ptx"] = ptx_loss.detach()
+            ptx_share = ptx_loss / self.args.gradient_accumulation_steps
+            loss = loss + self.args.ptx_coeff * ptx_share
+            stats["loss/ptx"] = ptx_share.detach()
         return loss, stats
 
-    def value_loss(self, micro):
+    def value_loss(self, micro, scale):
         with self.autocast_smart_context_manager():
             values = response_values(self.critic_wrapped, micro)
-        return self.value_objective(values, micro.values, micro.returns, micro.response_mask)
+        return self.value_objective(values, micro.values, micro.returns, micro.response_mask, scale)
 
     @staticmethod
     def optimizer_step(model, optimizer, lr_scheduler):
         """Clip (by the optimizer's global-norm clip), step, schedule; returns the pre-clip gradient norm."""
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        grad_norm = float(paddle.sqrt(sum((g.astype("float32") ** 2).sum() for g in grads)))
+        grad_norm = gradient_norm(model.parameters())
         optimizer.step()
         lr_scheduler.step()
         # Gradients are freed, not zeroed, so an offloaded model leaves no gradient memory on the device.
@@ -487,15 +522,19 @@ class PPOTrainer(Trainer):
         """output_dir/policy and output_dir/value (a LoRA policy as its adapters, plus output_dir/policy_merged
         with `lora_save_merged`), each written to a temp folder and renamed when complete."""
         if self.is_world_process_zero():
-            saves = [("policy", self.model, self.model.save_pretrained)]
-            saves += [("value", self.critic, self.critic.save_pretrained)] if self.critic is not None else []
-            if self.lora_save_merged:
-                saves.append(("policy_merged", self.model, lambda folder: save_merged(self.model, folder)))
-            for name, model, save in saves:
+            for name, save in self.final_model_saves():
                 with atomic_directory(os.path.join(self.args.output_dir, name)) as tmp:
                     save(tmp)
                     self.tokenizer.save_pretrained(tmp)
         barrier()
+
+    def final_model_saves(self):
+        """(folder name in output_dir, save function) of each final model."""
+        saves = [("policy", self.model.save_pretrained)]
+        saves += [("value", self.critic.save_pretrained)] if self.critic is not None else []
+        if self.lora_save_merged:
+            saves.append(("policy_merged", lambda folder: save_merged(self.model, folder)))
+        return saves
 
     def save_checkpoint(self):
         """output_dir/checkpoint-N: policy (and value), their optimizers and schedulers, the reward normalizer,
@@ -513,7 +552,7 @@ class PPOTrainer(Trainer):
                     paddle.save(self.critic_lr_scheduler.state_dict(), os.path.join(tmp, CRITIC_SCHEDULER_FILE))
                 if self.reward_normalizer is not None:
                     paddle.save(self.reward_normalizer.state_dict(), os.path.join(tmp, REWARD_NORMALIZER_FILE))
-                self.state.save_to_json(os.path.join(tmp, STATE_FILE))
+                self.state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
                 with open(os.path.join(tmp, DATA_STATE_FILE), "w") as f:
                     json.dump({"batches_drawn": self.batches_drawn}, f)
                 world = len(rng_states)
@@ -524,20 +563,13 @@ class PPOTrainer(Trainer):
         logger.info(f"checkpoint written to {path}")
 
     def rotate_checkpoints(self):
-        limit = self.args.save_total_limit
-        if not limit:
-            return
-        steps = sorted(
-            int(name.split("-")[1]) for name in os.listdir(self.args.output_dir) if name.startswith("checkpoint-")
-        )
-        for step in steps[:-limit]:
-            shutil.rmtree(os.path.join(self.args.output_dir, f"checkpoint-{step}"))
+        rotate_checkpoints(self.args.output_dir, self.args.save_total_limit, just_written=self.state.global_step)
 
     def load_checkpoint(self, path):
         """Restore optimizers, schedulers, reward normalizer, RNG and step from a checkpoint folder; the policy
         and value weights were loaded from `path/policy` and `path/value` by run_ppo. Returns the step to
         continue from."""
-        needed = [OPTIMIZER_FILE, SCHEDULER_FILE, STATE_FILE, DATA_STATE_FILE]
+        needed = [OPTIMIZER_FILE, SCHEDULER_FILE, TRAINER_STATE_NAME, DATA_STATE_FILE]
         needed += [CRITIC_OPTIMIZER_FILE, CRITIC_SCHEDULER_FILE] if self.critic is not None else []
         needed += [REWARD_NORMALIZER_FILE] if self.reward_normalizer is not None else []
         for name in needed:
@@ -553,6 +585,6 @@ class PPOTrainer(Trainer):
         self._load_rng_state(path)
         with open(os.path.join(path, DATA_STATE_FILE)) as f:
             self.batches_drawn = json.load(f)["batches_drawn"]
-        step = TrainerState.load_from_json(os.path.join(path, STATE_FILE)).global_step
+        step = TrainerState.load_from_json(os.path.join(path, TRAINER_STATE_NAME)).global_step
         logger.info(f"resumed from {path} at step {step}")
         return step

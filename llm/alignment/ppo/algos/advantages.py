@@ -3,8 +3,9 @@ an estimator that trains a critic (`ppo`) returns (advantages, returns), the ret
 
 import paddle
 
+from llm.alignment.ppo.algos.kl import kl_k1
+from llm.alignment.ppo.algos.masked import masked_whiten
 from llm.alignment.ppo.algos.registry import ADVANTAGE_ESTIMATORS
-from llm.alignment.ppo.comm_utils import masked_whiten
 
 
 def group_stats(values, group_index):
@@ -19,7 +20,7 @@ def group_stats(values, group_index):
     return one_hot @ counts, one_hot @ means, one_hot @ stds
 
 
-@ADVANTAGE_ESTIMATORS.register("grpo")
+@ADVANTAGE_ESTIMATORS.register("grpo", group_baseline=True)
 def grpo_advantages(rewards, response_mask, group_index, norm_adv_by_std=True, epsilon=1e-6):
     """Group-relative advantages: (r - mean_group) / (std_group + eps), broadcast over the response.
 
@@ -33,7 +34,7 @@ def grpo_advantages(rewards, response_mask, group_index, norm_adv_by_std=True, e
     return scores.unsqueeze(-1) * response_mask.astype(rewards.dtype)
 
 
-@ADVANTAGE_ESTIMATORS.register("rloo")
+@ADVANTAGE_ESTIMATORS.register("rloo", group_baseline=True)
 def rloo_advantages(rewards, response_mask, group_index):
     """REINFORCE leave-one-out: r_i minus the mean reward of the other samples of its prompt,
     n / (n - 1) * (r_i - mean_group), broadcast over the response."""
@@ -61,34 +62,42 @@ def discounted_returns(token_rewards, response_mask, gamma):
     return paddle.stack(returns[::-1], axis=1) * mask
 
 
-def kl_shaped_token_rewards(rewards, response_mask, token_kl=None, kl_coeff=0.0):
-    """Token rewards of PPO and REINFORCE++: -kl_coeff * KL_t on every token (k1, policy vs reference)
-    plus the scalar reward on the last one: [B, R]."""
+def kl_shaped_token_rewards(rewards, response_mask, logprobs=None, ref_logprobs=None, kl_coeff=0.0):
+    """Token rewards of PPO and REINFORCE++: -kl_coeff * KL_t on every token (k1 of the rollout policy's
+    `logprobs` against the reference's, as verl's and PaddleNLP's default) plus the scalar reward on the
+    last one: [B, R]."""
     token_rewards = last_token_rewards(rewards, response_mask)
-    if token_kl is not None and kl_coeff:
+    if kl_coeff:
+        token_kl = kl_k1(logprobs, ref_logprobs)
         token_rewards = token_rewards - kl_coeff * token_kl * response_mask.astype(rewards.dtype)
     return token_rewards
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
-def reinforce_plus_plus_advantages(rewards, response_mask, token_kl=None, kl_coeff=0.0, gamma=1.0):
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus", kl_in_reward=True)
+def reinforce_plus_plus_advantages(
+    rewards, response_mask, logprobs=None, ref_logprobs=None, kl_coeff=0.0, gamma=1.0, reduce_sum=None
+):
     """REINFORCE++: discounted returns of the KL-shaped token rewards, whitened over every valid token of
-    the batch. No per-prompt baseline."""
-    token_rewards = kl_shaped_token_rewards(rewards, response_mask, token_kl, kl_coeff)
+    the batch (of every rank, with `reduce_sum`: see masked_whiten). No per-prompt baseline."""
+    token_rewards = kl_shaped_token_rewards(rewards, response_mask, logprobs, ref_logprobs, kl_coeff)
     returns = discounted_returns(token_rewards, response_mask, gamma)
-    return masked_whiten(returns, response_mask)
+    return masked_whiten(returns, response_mask, reduce_sum)
 
 
-@ADVANTAGE_ESTIMATORS.register("ppo")
-def gae_advantages(rewards, response_mask, values, token_kl=None, kl_coeff=0.0, gamma=1.0, lam=0.95, normalize_advantage=True):
+@ADVANTAGE_ESTIMATORS.register("ppo", critic=True, kl_in_reward=True)
+def gae_advantages(
+    rewards, response_mask, values, logprobs=None, ref_logprobs=None, kl_coeff=0.0, gamma=1.0, lam=0.95,
+    normalize_advantage=True, reduce_sum=None,
+):
     """PPO: generalised advantage estimation on the KL-shaped token rewards with the critic's `values` [B, R].
 
     delta_t = r_t + gamma * V_{t+1} - V_t (V past the response is 0), A_t = delta_t + gamma * lam * A_{t+1};
     the returns A_t + V_t are the critic's targets. With `normalize_advantage` the advantages (not the
-    returns) are whitened over the valid tokens. Returns (advantages, returns), both [B, R].
+    returns) are whitened over the valid tokens (of every rank, with `reduce_sum`). Returns (advantages,
+    returns), both [B, R].
     """
     mask = response_mask.astype(rewards.dtype)
-    token_rewards = kl_shaped_token_rewards(rewards, response_mask, token_kl, kl_coeff)
+    token_rewards = kl_shaped_token_rewards(rewards, response_mask, logprobs, ref_logprobs, kl_coeff)
     values = values * mask
     next_value = paddle.zeros_like(values[:, 0])
     running = paddle.zeros_like(values[:, 0])
@@ -101,5 +110,5 @@ def gae_advantages(rewards, response_mask, values, token_kl=None, kl_coeff=0.0, 
     advantages = paddle.stack(advantages[::-1], axis=1)
     returns = (advantages + values) * mask
     if normalize_advantage:
-        advantages = masked_whiten(advantages, response_mask)
+        advantages = masked_whiten(advantages, response_mask, reduce_sum)
     return advantages, returns

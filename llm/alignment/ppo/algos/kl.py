@@ -4,7 +4,10 @@ import paddle
 
 from llm.alignment.ppo.algos.registry import KL_ESTIMATORS
 
+# verl's `kl_penalty` (low_var_kl) bounds: the log-ratio to +-20, the estimate to +-10 (OpenRLHF clamps the
+# estimate to +-10 too). A token the policy all but rules out then costs at most 10 and a bounded gradient.
 MAX_K3_LOG_RATIO = 20.0
+MAX_K3 = 10.0
 
 
 @KL_ESTIMATORS.register("k1")
@@ -21,10 +24,8 @@ def kl_k2(logprobs, ref_logprobs):
 
 @KL_ESTIMATORS.register("k3")
 def kl_k3(logprobs, ref_logprobs):
-    """pi_ref / pi - 1 - log(pi_ref / pi): unbiased and non-negative (GRPO's KL loss).
-
-    The exponent is capped at 20 so that a token pi all but rules out (log-prob below about -88, e.g. a
-    padding position a mask drops afterwards) gives a large finite value rather than inf, which a zero
-    mask would turn into NaN."""
-    log_ratio = ref_logprobs - logprobs
-    return paddle.exp(log_ratio.clip(max=MAX_K3_LOG_RATIO)) - 1.0 - log_ratio
+    """pi_ref / pi - 1 - log(pi_ref / pi): unbiased and non-negative (GRPO's KL loss), with verl's clamps:
+    the log-ratio to [-20, 20] (no inf from exp, which a zero mask would turn into NaN) and the estimate
+    to [-10, 10]."""
+    log_ratio = (ref_logprobs - logprobs).clip(-MAX_K3_LOG_RATIO, MAX_K3_LOG_RATIO)
+    return (paddle.exp(log_ratio) - 1.0 - log_ratio).clip(-MAX_K3, MAX_K3)

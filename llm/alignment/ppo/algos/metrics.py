@@ -1,6 +1,8 @@
 """Metrics of one RL step computed from the experience (TRL PPOv2's names where it has one)."""
 
-from llm.alignment.ppo.comm_utils import masked_mean
+import paddle
+
+from llm.alignment.ppo.algos.masked import masked_mean
 
 
 def explained_variance(values, returns, mask):
@@ -26,3 +28,10 @@ def rlhf_objective_metrics(scores, response_mask, logprobs=None, ref_logprobs=No
         metrics["objective/non_score_reward"] = (-kl_coeff * kl).mean()
         metrics["objective/rlhf_reward"] = (scores - kl_coeff * kl).mean()
     return {k: float(v) for k, v in metrics.items()}
+
+
+def gradient_norm(parameters):
+    """The global L2 norm of the gradients of `parameters` (in float32), as the optimizer's global-norm clip
+    measures it before clipping."""
+    squares = [(p.grad.astype("float32") ** 2).sum() for p in parameters if p.grad is not None]
+    return float(paddle.sqrt(paddle.add_n(squares))) if squares else 0.0

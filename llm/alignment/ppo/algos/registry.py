@@ -1,18 +1,29 @@
 """Name -> function registries, so a config key selects an algorithm and adding one touches one file."""
 
 import inspect
+from types import SimpleNamespace
 
 
 class Registry:
-    def __init__(self, kind):
-        self.kind = kind
-        self._functions = {}
+    """Functions by name, each with its traits: what the rest of the run must provide or derive for it
+    (e.g. an advantage estimator that needs a critic). `default_traits` names every trait of this kind."""
 
-    def register(self, name):
+    def __init__(self, kind, **default_traits):
+        self.kind = kind
+        self.default_traits = default_traits
+        self._functions = {}
+        self._traits = {}
+
+    def register(self, name, **traits):
+        unknown = sorted(set(traits) - set(self.default_traits))
+        if unknown:
+            raise ValueError(f"{self.kind} {name!r}: unknown traits {unknown}; known: {sorted(self.default_traits)}")
+
         def wrap(fn):
             if name in self._functions:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._functions[name] = fn
+            self._traits[name] = SimpleNamespace(**{**self.default_traits, **traits})
             return fn
 
         return wrap
@@ -21,6 +32,10 @@ class Registry:
         if name not in self._functions:
             raise ValueError(f"unknown {self.kind} {name!r}; choose from {self.names()}")
         return self._functions[name]
+
+    def traits(self, name):
+        self.get(name)
+        return self._traits[name]
 
     def names(self):
         return sorted(self._functions)
@@ -33,8 +48,11 @@ def call_with_options(fn, *args, **options):
     return fn(*args, **{key: value for key, value in options.items() if key in accepted})
 
 
-ADVANTAGE_ESTIMATORS = Registry("advantage estimator (rl_algorithm)")
-POLICY_LOSSES = Registry("policy loss")
+# critic: trains a value model; kl_in_reward: takes kl_coeff x KL into the token rewards; group_baseline:
+# compares the samples of one prompt (needs rollout_n >= 2).
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator (rl_algorithm)", critic=False, kl_in_reward=False, group_baseline=False)
+# loss_agg_mode: the aggregation the loss is defined with, whatever the config's loss_agg_mode (None: any).
+POLICY_LOSSES = Registry("policy loss (policy_loss)", loss_agg_mode=None)
 KL_ESTIMATORS = Registry("KL estimator (kl_estimator)")
 LOSS_AGGREGATIONS = Registry("loss aggregation (loss_agg_mode)")
 LR_SCHEDULES = Registry("learning-rate schedule (lr_scheduler_type)")

@@ -21,3 +21,20 @@ def groups_with_reward_variance(rewards, group_index):
     same_group = group_index.unsqueeze(0) == group_index.unsqueeze(1)
     differs = rewards.unsqueeze(0) != rewards.unsqueeze(1)
     return (same_group & differs).any(axis=1)
+
+
+def shape_rewards(
+    scores, finished, response_lengths, missing_eos=0.0, max_dec_len=None, overlong_buffer=0, overlong_factor=0.0,
+    normalize=None, clip_range=None,
+):
+    """The rewards [B] of scores [B], in order: the missing-EOS penalty (`missing_eos` > 0), DAPO's
+    overlong penalty (`overlong_buffer` > 0), `normalize` (a function of the rewards, e.g. a running
+    mean/std normaliser) and clipping to [-clip_range, clip_range]."""
+    rewards = scores
+    if missing_eos:
+        rewards = rewards + missing_eos_penalty(finished, missing_eos)
+    if overlong_buffer:
+        rewards = rewards + overlong_penalty(response_lengths, max_dec_len, overlong_buffer, overlong_factor)
+    if normalize is not None:
+        rewards = normalize(rewards)
+    return rewards if clip_range is None else rewards.clip(-clip_range, clip_range)

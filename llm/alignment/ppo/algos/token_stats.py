@@ -35,6 +35,14 @@ def shifted_shard(logits, group):
     return logits - shift
 
 
+def tempered_logits(logits, temperature):
+    """float32 logits of the distribution rollouts sample from, softmax(logits / temperature): the log-probs,
+    KL and entropy of the rollout policy are those of that distribution (as verl, TRL, OpenRLHF and
+    PaddleNLP compute them)."""
+    logits = logits.astype("float32")
+    return logits if temperature == 1.0 else logits / temperature
+
+
 def gather_logprobs(logits, labels, vocab_group=None):
     """log p(labels) under softmax(logits): logits [B, T, V] (or this rank's vocab slice [B, T, V/tp] with
     `vocab_group`), labels [B, T] -> [B, T] (float32)."""

@@ -4,16 +4,20 @@ pipeline-parallel wrappers (model_pp.py), so both train on exactly the same obje
 from dataclasses import dataclass
 from typing import Callable
 
+import paddle
+
 from llm.alignment.ppo.algos import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from llm.alignment.ppo.algos.losses import clipped_value_loss
-from llm.alignment.ppo.algos.token_stats import entropy_from_logits, gather_logprobs
-from llm.alignment.ppo.comm_utils import masked_mean
+from llm.alignment.ppo.algos.masked import masked_mean
+from llm.alignment.ppo.algos.registry import call_with_options
+from llm.alignment.ppo.algos.token_stats import entropy_from_logits, gather_logprobs, tempered_logits
 
 
 @dataclass(frozen=True)
 class PolicyObjective:
     """Policy loss plus kl_loss_coeff x KL to the reference minus entropy_coeff x entropy, aggregated over
-    response tokens with `loss_agg_mode`."""
+    response tokens with `loss_agg_mode`. Log-probs, KL and entropy are those of the sampling distribution
+    softmax(logits / temperature)."""
 
     policy_loss_fn: Callable
     kl_fn: Callable
@@ -22,34 +26,48 @@ class PolicyObjective:
     entropy_coeff: float
     clip_low: float
     clip_high: float
+    clip_ratio_c: float = 0.0
+    temperature: float = 1.0
 
     @classmethod
     def from_args(cls, args):
         return cls(
             POLICY_LOSSES.get(args.policy_loss), KL_ESTIMATORS.get(args.kl_estimator), LOSS_AGGREGATIONS.get(args.loss_agg_mode),
             args.kl_loss_coeff, args.entropy_coeff, args.clip_range_ratio_low, args.clip_range_ratio_high,
+            args.clip_ratio_c, args.temperature,
         )
 
-    def __call__(self, logits, labels, old_logprobs, ref_logprobs, advantages, response_mask, vocab_group=None):
+    def token_logprobs(self, logits, labels, vocab_group=None):
+        """log pi(labels) [B, R] under the sampling distribution: the one formula of old, reference and
+        current log-probs."""
+        return gather_logprobs(tempered_logits(logits, self.temperature), labels, vocab_group)
+
+    def __call__(self, logits, labels, old_logprobs, ref_logprobs, advantages, response_mask, vocab_group=None, scale=None):
         """`logits` [B, R, V] predict the response tokens `labels` [B, R] (a vocab slice with `vocab_group`);
-        `old_logprobs` None means on-policy (the detached current log-probs). Returns (loss, stats)."""
+        `old_logprobs` None means on-policy (the detached current log-probs); `scale` (a LossScale) makes
+        the loss this micro-batch's share of the optimizer step's (None: the micro-batch alone).
+        Returns (loss, stats)."""
+        logits = tempered_logits(logits, self.temperature)
         logprobs = gather_logprobs(logits, labels, vocab_group)
         old_logprobs = logprobs.detach() if old_logprobs is None else old_logprobs
-        token_loss, stats = self.policy_loss_fn(logprobs, old_logprobs, advantages, response_mask, self.clip_low, self.clip_high)
-        policy_loss = self.aggregate(token_loss, response_mask)
-        loss = policy_loss
-        if ref_logprobs is not None:
-            kl = self.aggregate(self.kl_fn(logprobs, ref_logprobs), response_mask)
-            if self.kl_loss_coeff > 0:
-                loss = loss + self.kl_loss_coeff * kl
-            stats["kl"] = kl.detach()
+        token_loss, stats = call_with_options(
+            self.policy_loss_fn, logprobs, old_logprobs, advantages, response_mask, self.clip_low, self.clip_high,
+            clip_ratio_c=self.clip_ratio_c,
+        )
         # The entropy is differentiated only when it is part of the loss.
         token_entropy = entropy_from_logits(logits if self.entropy_coeff > 0 else logits.detach(), vocab_group)
-        if self.entropy_coeff > 0:
-            loss = loss - self.entropy_coeff * self.aggregate(token_entropy, response_mask)
-        stats["entropy"] = masked_mean(token_entropy.detach(), response_mask)
-        stats["loss/policy_avg"] = policy_loss.detach()
-        return loss, stats
+        # The aggregations are linear, so the terms are summed per token and aggregated once.
+        objective = token_loss - self.entropy_coeff * token_entropy if self.entropy_coeff > 0 else token_loss
+        with paddle.no_grad():
+            # Like every `loss/*` statistic, this micro-batch's share of the step's value (see LossScale).
+            stats["loss/policy_avg"] = self.aggregate(token_loss, response_mask, scale)
+            stats["entropy"] = masked_mean(token_entropy, response_mask)
+        if ref_logprobs is not None:
+            token_kl = self.kl_fn(logprobs, ref_logprobs)
+            if self.kl_loss_coeff > 0:
+                objective = objective + self.kl_loss_coeff * token_kl
+            stats["kl"] = self.aggregate(token_kl.detach(), response_mask)
+        return self.aggregate(objective, response_mask, scale), stats
 
 
 @dataclass(frozen=True)
@@ -63,8 +81,8 @@ class ValueObjective:
     def from_args(cls, args):
         return cls(LOSS_AGGREGATIONS.get(args.loss_agg_mode), args.clip_range_value)
 
-    def __call__(self, values, old_values, returns, response_mask):
+    def __call__(self, values, old_values, returns, response_mask, scale=None):
         token_loss, stats = clipped_value_loss(values, old_values, returns, response_mask, self.clip_range_value)
-        loss = self.aggregate(token_loss, response_mask)
+        loss = self.aggregate(token_loss, response_mask, scale)
         stats["loss/value_avg"] = loss.detach()
         return loss, stats

@@ -99,6 +99,18 @@ def test_command_line_overrides_the_file(tmp_path):
         ({"lora_target_modules": ".*q_proj.*"}, "lora_target_modules='.\\*q_proj.\\*' applies to LoRA"),
         ({"lora": True, "lora_rank": 0}, "lora_rank must be positive"),
         ({"pipeline_parallel_degree": 2}, "pipeline_parallel_degree=2: training does not run pipeline-parallel"),
+        ({"save_steps": -1}, "save_steps must be >= 0"),
+        ({"eval_steps": -5}, "eval_steps must be >= 0"),
+        ({"save_total_limit": -1}, "save_total_limit must be >= 0"),
+        ({"learning_rate": -1e-3}, "learning_rate must be >= 0"),
+        ({"max_grad_norm": -1.0}, "max_grad_norm must be >= 0"),
+        ({"warmup_steps": -2}, "warmup_steps must be >= 0"),
+        ({"num_sample_logs": -1}, "num_sample_logs must be >= 0"),
+        ({"per_device_eval_batch_size": 0}, "per_device_eval_batch_size must be positive"),
+        ({"reward_server_timeout": 0}, "reward_server_timeout must be positive"),
+        ({"clip_ratio_c": 1.0}, "clip_ratio_c=1.0 must be > 1"),
+        ({"max_eval_samples": -1}, "max_eval_samples must be >= 0"),
+        ({"max_prompt_len": 0}, "max_prompt_len must be positive"),
     ],
 )
 def test_bad_configs_fail_naming_the_key(tmp_path, changes, message):

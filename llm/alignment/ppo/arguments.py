@@ -72,6 +72,13 @@ class DataArgument:
     max_length: int = field(default=2048, metadata={"help": "Upper bound of prompt plus response tokens."})
     max_eval_samples: int = field(default=0, metadata={"help": "Evaluate on at most this many prompts (0: all)."})
 
+    def __post_init__(self):
+        for key in ("max_prompt_len", "max_length"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        if self.max_eval_samples < 0:
+            raise ValueError(f"max_eval_samples must be >= 0 (0: all), got {self.max_eval_samples}")
+
 
 @dataclass
 class RLTrainingArguments(TrainingArguments):

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 from paddlenlp.utils.log import logger
 
-from llm.alignment.ppo.checkpoint_utils import last_complete_checkpoint, resolve_resume_checkpoint
-from llm.alignment.ppo.ppo_trainer import PPOTrainer
+from llm.alignment.ppo.checkpoint_utils import last_complete_checkpoint, resolve_resume_checkpoint, rotate_checkpoints
 from test_grpo_e2e import run_grpo, weights
 
 # Small runs: a checkpoint every step, no evaluation, a learning rate that does not depend on max_steps.
@@ -123,6 +122,5 @@ def test_resume_from_checkpoint_true_picks_the_last_complete_checkpoint(tmp_path
 def test_rotation_keeps_the_checkpoint_just_written_beside_a_stale_higher_one(tmp_path):
     for step in [1, 2, 9]:
         os.makedirs(tmp_path / f"checkpoint-{step}")
-    stub = SimpleNamespace(args=SimpleNamespace(output_dir=str(tmp_path), save_total_limit=1), state=SimpleNamespace(global_step=2))
-    PPOTrainer.rotate_checkpoints(stub)
+    rotate_checkpoints(str(tmp_path), limit=1, just_written=2)
     assert folders(tmp_path) == ["checkpoint-2", "checkpoint-9"]

@@ -1,5 +1,6 @@
-"""Checkpoint helpers: atomic folders, finding, resuming and rotating `checkpoint-N` folders, RNG states of every
-rank, optimizer state keyed by parameter paths."""
+"""Checkpoint helpers: atomic folders written by every rank, finding, resuming and rotating `checkpoint-N`
+folders, RNG states of every rank, optimizer state keyed by parameter paths. What a checkpoint holds, and
+which rank writes each file, is checkpoint_io's."""
 
 import contextlib
 import os
@@ -9,21 +10,25 @@ import shutil
 import numpy as np
 import paddle
 import paddle.distributed as dist
+from paddle.distributed import fleet
 from paddlenlp.trainer.trainer import TRAINER_STATE_NAME
 from paddlenlp.trainer.trainer_utils import _re_checkpoint
 from paddlenlp.utils.log import logger
 
-from llm.alignment.ppo.comm_utils import is_distributed
+from llm.alignment.ppo.comm_utils import hybrid_communicate_group, is_distributed
 
 
 def collect_rng_states():
-    """Every rank's RNG states (python, numpy, paddle), in the layout Trainer._load_rng_state reads."""
+    """Every rank's RNG states (python, numpy, paddle and, under fleet hybrid parallel, its RNG tracker), in
+    the layout Trainer._load_rng_state reads."""
     state = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "cuda": paddle.get_rng_state(),
         "cpu": paddle.framework.core.default_cpu_generator().get_state(),
     }
+    if hybrid_communicate_group() is not None:
+        state["hybrid_parallel_rng_state_tracker"] = fleet.meta_parallel.get_rng_state_tracker().get_states_tracker()
     if not is_distributed():
         return [state]
     states = []
@@ -38,24 +43,40 @@ def barrier():
 
 @contextlib.contextmanager
 def atomic_directory(path):
-    """Yield a temp folder beside `path`; on success it replaces `path` in one rename, on error it is removed."""
+    """Every rank calls this and writes its files into the yielded temp folder beside `path`; once all have
+    written, rank 0 puts the folder in place of `path` in one rename. A crash before that leaves only the
+    temp folder, never a complete-looking `path`; on an error the temp folder is removed. The ranks share
+    one file system (rank 0's folder)."""
     parent, name = os.path.split(os.path.abspath(path))
     tmp = os.path.join(parent, f".tmp-{name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    first = dist.get_rank() == 0
+    if first:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    barrier()
     try:
         yield tmp
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if first:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
+    barrier()  # every rank's files are in
+    if first:
+        replace_directory(tmp, path)
+    barrier()
+
+
+def replace_directory(source, path):
+    """Rename `source` to `path`, replacing an existing `path` (moved aside first, then removed)."""
     if os.path.exists(path):
+        parent, name = os.path.split(os.path.abspath(path))
         old = os.path.join(parent, f".old-{name}")
         shutil.rmtree(old, ignore_errors=True)
         os.rename(path, old)
-        os.rename(tmp, path)
+        os.rename(source, path)
         shutil.rmtree(old)
     else:
-        os.rename(tmp, path)
+        os.rename(source, path)
 
 
 def checkpoint_folders(output_dir):
@@ -141,8 +162,9 @@ def optimizer_state_by_structured_name(optimizer, model):
     return rename_state_keys(optimizer.state_dict(), {p.name: n for n, p in model.named_parameters()})
 
 
-def load_optimizer_state(optimizer, model, state):
-    optimizer.set_state_dict(rename_state_keys(state, {n: p.name for n, p in model.named_parameters()}))
+def optimizer_state_by_parameter_name(state, model):
+    """The inverse of optimizer_state_by_structured_name, for `model`'s parameters (what set_state_dict reads)."""
+    return rename_state_keys(state, {n: p.name for n, p in model.named_parameters()})
 
 
 def rename_state_keys(state, names):

@@ -17,8 +17,6 @@ import paddle.distributed as dist
 from paddle.io import DistributedBatchSampler
 from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import Trainer
-from paddlenlp.trainer.trainer import TRAINER_STATE_NAME
-from paddlenlp.trainer.trainer_callback import TrainerState
 from paddlenlp.utils.log import logger
 
 from llm.alignment.ppo.algos import ADVANTAGE_ESTIMATORS
@@ -29,14 +27,8 @@ from llm.alignment.ppo.algos.metrics import explained_variance, gradient_norm, r
 from llm.alignment.ppo.algos.reward_shaping import groups_with_reward_variance, shape_rewards
 from llm.alignment.ppo.algos.schedules import build_lr_scheduler
 from llm.alignment.ppo.algos.token_stats import position_ids_from_mask
-from llm.alignment.ppo.checkpoint_utils import (
-    atomic_directory,
-    barrier,
-    collect_rng_states,
-    load_optimizer_state,
-    optimizer_state_by_structured_name,
-    rotate_checkpoints,
-)
+from llm.alignment.ppo import checkpoint_io
+from llm.alignment.ppo.checkpoint_utils import barrier
 from llm.alignment.ppo.comm_utils import (
     all_reduce_scalars,
     data_parallel_rank_and_size,
@@ -49,15 +41,10 @@ from llm.alignment.ppo.comm_utils import (
 from llm.alignment.ppo.data import IGNORE_INDEX
 from llm.alignment.ppo.experience import Experience
 from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
-from llm.alignment.ppo.models.lora_utils import adapters_disabled, is_lora, save_merged
+from llm.alignment.ppo.models.lora_utils import adapters_disabled, is_lora
 from llm.alignment.ppo.models.ppo_model_utils import PolicyObjective, ValueObjective
 from llm.alignment.ppo.models.score_model_utils import RunningMeanStd
 from llm.alignment.ppo.offload_utils import OffloadPlan
-
-OPTIMIZER_FILE, SCHEDULER_FILE = "optimizer.pdopt", "scheduler.pdparams"
-DATA_STATE_FILE = "data_state.json"
-CRITIC_OPTIMIZER_FILE, CRITIC_SCHEDULER_FILE = "value_optimizer.pdopt", "value_scheduler.pdparams"
-REWARD_NORMALIZER_FILE = "reward_normalizer.pdparams"
 
 
 def response_logits(model, exp):
@@ -204,22 +191,23 @@ class PPOTrainer(Trainer):
             if self.eval_dataset is not None and args.eval_steps and step % args.eval_steps == 0 and step < args.max_steps:
                 self.log(self.evaluate())
             if args.save_steps and step % args.save_steps == 0 and step < args.max_steps:
-                self.save_checkpoint()
+                checkpoint_io.save_checkpoint(self)
         if self.eval_dataset is not None:
             self.log_evaluation("eval")
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
-        self.save_checkpoint()
-        self.save_final_models()
+        checkpoint_io.save_checkpoint(self)
+        checkpoint_io.save_final_models(self)
 
     def rerun_finished(self, step):
         """A rerun of a finished run changes nothing, except that it writes the final models from the last
         checkpoint when a crash came between that checkpoint and the final save."""
         logger.info(f"the run in {self.args.output_dir} already finished at step {step} (max_steps {self.args.max_steps})")
-        missing = [name for name, _ in self.final_model_saves() if not os.path.isdir(os.path.join(self.args.output_dir, name))]
+        folders = [name for name, _, _ in checkpoint_io.final_models(self)]
+        missing = [name for name in folders if not os.path.isdir(os.path.join(self.args.output_dir, name))]
         barrier()  # every rank has looked before rank 0 writes, so all agree on whether to save
         if missing:
             logger.info(f"writing the missing final models {', '.join(missing)} from the checkpoint")
-            self.save_final_models()
+            checkpoint_io.save_final_models(self)
 
     def log_evaluation(self, split):
         """Evaluate, log, and write output_dir/{split}_results.json (rank 0)."""
@@ -239,7 +227,7 @@ class PPOTrainer(Trainer):
         if self.critic is not None:
             self.create_critic_optimizer(num_steps)
             self.critic_wrapped, self.critic_optimizer = self.wrap_with_optimizer(self.critic, self.critic_optimizer)
-        start_step = self.load_checkpoint(resume_from_checkpoint) if resume_from_checkpoint else 0
+        start_step = checkpoint_io.load_checkpoint(self, resume_from_checkpoint) if resume_from_checkpoint else 0
         self.offload = self.offload_plan()
         self.offload.offload_all()
         self.ptx_batches = None
@@ -507,84 +495,3 @@ class PPOTrainer(Trainer):
         if self.reward_scorer.max_score is not None:
             metrics[f"{metric_key_prefix}_accuracy"] = totals["correct"] / totals["count"]
         return metrics
-
-    # ---- checkpoints --------------------------------------------------------------------------------
-
-    def save_models(self, folder):
-        """The policy to `folder/policy` and the critic (when there is one) to `folder/value`, each
-        `from_pretrained`-loadable with the tokenizer beside it."""
-        for name, model in [("policy", self.model), ("value", self.critic)]:
-            if model is not None:
-                model.save_pretrained(os.path.join(folder, name))
-                self.tokenizer.save_pretrained(os.path.join(folder, name))
-
-    def save_final_models(self):
-        """output_dir/policy and output_dir/value (a LoRA policy as its adapters, plus output_dir/policy_merged
-        with `lora_save_merged`), each written to a temp folder and renamed when complete."""
-        if self.is_world_process_zero():
-            for name, save in self.final_model_saves():
-                with atomic_directory(os.path.join(self.args.output_dir, name)) as tmp:
-                    save(tmp)
-                    self.tokenizer.save_pretrained(tmp)
-        barrier()
-
-    def final_model_saves(self):
-        """(folder name in output_dir, save function) of each final model."""
-        saves = [("policy", self.model.save_pretrained)]
-        saves += [("value", self.critic.save_pretrained)] if self.critic is not None else []
-        if self.lora_save_merged:
-            saves.append(("policy_merged", lambda folder: save_merged(self.model, folder)))
-        return saves
-
-    def save_checkpoint(self):
-        """output_dir/checkpoint-N: policy (and value), their optimizers and schedulers, the reward normalizer,
-        trainer state and every rank's RNG state."""
-        path = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
-        rng_states = collect_rng_states()
-        if self.is_world_process_zero():
-            with atomic_directory(path) as tmp:
-                self.save_models(tmp)
-                paddle.save(optimizer_state_by_structured_name(self.optimizer, self.model), os.path.join(tmp, OPTIMIZER_FILE))
-                paddle.save(self.lr_scheduler.state_dict(), os.path.join(tmp, SCHEDULER_FILE))
-                if self.critic is not None:
-                    critic_state = optimizer_state_by_structured_name(self.critic_optimizer, self.critic)
-                    paddle.save(critic_state, os.path.join(tmp, CRITIC_OPTIMIZER_FILE))
-                    paddle.save(self.critic_lr_scheduler.state_dict(), os.path.join(tmp, CRITIC_SCHEDULER_FILE))
-                if self.reward_normalizer is not None:
-                    paddle.save(self.reward_normalizer.state_dict(), os.path.join(tmp, REWARD_NORMALIZER_FILE))
-                self.state.save_to_json(os.path.join(tmp, TRAINER_STATE_NAME))
-                with open(os.path.join(tmp, DATA_STATE_FILE), "w") as f:
-                    json.dump({"batches_drawn": self.batches_drawn}, f)
-                world = len(rng_states)
-                rng_file = "rng_state.pth" if world == 1 else f"rng_state_{world}.pth"
-                paddle.save(rng_states[0] if world == 1 else rng_states, os.path.join(tmp, rng_file))
-            self.rotate_checkpoints()
-        barrier()
-        logger.info(f"checkpoint written to {path}")
-
-    def rotate_checkpoints(self):
-        rotate_checkpoints(self.args.output_dir, self.args.save_total_limit, just_written=self.state.global_step)
-
-    def load_checkpoint(self, path):
-        """Restore optimizers, schedulers, reward normalizer, RNG and step from a checkpoint folder; the policy
-        and value weights were loaded from `path/policy` and `path/value` by run_ppo. Returns the step to
-        continue from."""
-        needed = [OPTIMIZER_FILE, SCHEDULER_FILE, TRAINER_STATE_NAME, DATA_STATE_FILE]
-        needed += [CRITIC_OPTIMIZER_FILE, CRITIC_SCHEDULER_FILE] if self.critic is not None else []
-        needed += [REWARD_NORMALIZER_FILE] if self.reward_normalizer is not None else []
-        for name in needed:
-            if not os.path.isfile(os.path.join(path, name)):
-                raise FileNotFoundError(f"resume_from_checkpoint={path} is not a complete checkpoint: {name} is missing")
-        load_optimizer_state(self.optimizer, self.model, paddle.load(os.path.join(path, OPTIMIZER_FILE)))
-        self.lr_scheduler.set_state_dict(paddle.load(os.path.join(path, SCHEDULER_FILE)))
-        if self.critic is not None:
-            load_optimizer_state(self.critic_optimizer, self.critic, paddle.load(os.path.join(path, CRITIC_OPTIMIZER_FILE)))
-            self.critic_lr_scheduler.set_state_dict(paddle.load(os.path.join(path, CRITIC_SCHEDULER_FILE)))
-        if self.reward_normalizer is not None:
-            self.reward_normalizer.set_state_dict(paddle.load(os.path.join(path, REWARD_NORMALIZER_FILE)))
-        self._load_rng_state(path)
-        with open(os.path.join(path, DATA_STATE_FILE)) as f:
-            self.batches_drawn = json.load(f)["batches_drawn"]
-        step = TrainerState.load_from_json(os.path.join(path, TRAINER_STATE_NAME)).global_step
-        logger.info(f"resumed from {path} at step {step}")
-        return step

@@ -14,6 +14,10 @@ import time
 import numpy as np
 import paddle
 import paddle.distributed as dist
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
+    HybridParallelOptimizer,
+    obtain_optimizer_parameters_list,
+)
 from paddle.io import DistributedBatchSampler
 from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import Trainer
@@ -72,6 +76,26 @@ def decay_filter(model):
     """AdamW decays every weight but biases and norms (the Trainer's choice for the actor)."""
     names = {p.name for n, p in model.named_parameters() if not any(nd in n for nd in ["bias", "norm"])}
     return lambda name: name in names
+
+
+def hybrid_parallel_step(optimizer):
+    """fleet's HybridParallelOptimizer.step in its two halves, returning the pre-clip gradient norm measured
+    between them: under fleet hybrid parallel, gradients are reduced inside step(), not during backward,
+    under sharding each to the sharding rank that updates the parameter. The norm is therefore each
+    sharding rank's own parameters' norm, squared and summed over the sharding group (as fleet's
+    HybridParallelClipGrad sums it)."""
+    parameters = list(obtain_optimizer_parameters_list(optimizer._inner_opt))
+    optimizer._hybrid_sync_grad(parameters)
+    hcg = optimizer._hcg
+    if hcg.get_sharding_parallel_world_size() > 1:
+        own = optimizer._inner_opt.filter_parameters(parameters, hcg)
+        square = paddle.to_tensor(gradient_norm(own) ** 2, dtype="float64")
+        dist.all_reduce(square, group=hcg.get_sharding_parallel_group())
+        grad_norm = float(square.sqrt())
+    else:
+        grad_norm = gradient_norm(parameters)
+    optimizer._step(parameters)
+    return grad_norm
 
 
 class PPOTrainer(Trainer):
@@ -417,9 +441,14 @@ class PPOTrainer(Trainer):
 
     @staticmethod
     def optimizer_step(model, optimizer, lr_scheduler):
-        """Clip (by the optimizer's global-norm clip), step, schedule; returns the pre-clip gradient norm."""
-        grad_norm = gradient_norm(model.parameters())
-        optimizer.step()
+        """Clip (by the optimizer's global-norm clip), step, schedule; returns the pre-clip norm of the step's
+        gradients (of the whole batch, over every rank)."""
+        if isinstance(optimizer, HybridParallelOptimizer):
+            grad_norm = hybrid_parallel_step(optimizer)
+        else:
+            # paddle.DataParallel has all-reduced the gradients during backward.
+            grad_norm = gradient_norm(model.parameters())
+            optimizer.step()
         lr_scheduler.step()
         # Gradients are freed, not zeroed, so an offloaded model leaves no gradient memory on the device.
         optimizer.clear_grad(set_to_zero=False)

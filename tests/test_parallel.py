@@ -4,18 +4,23 @@ global batch."""
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
 
 import numpy as np
+import paddle
 import pytest
+from paddlenlp.transformers import AutoModelForCausalLM
 
 from helpers import REPO_ROOT, launch_two_processes, small_run_argv
 from llm.alignment.ppo.arguments import check_parallel_degrees
 
 PROBES = os.path.join(REPO_ROOT, "tests", "probes")
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
+FIRST_STEP_PROBE = os.path.join(PROBES, "grpo_first_step.py")
 
 
 def layout(**changes):
@@ -56,10 +61,17 @@ def test_inconsistent_parallel_degrees_fail_naming_the_keys(changes, world, mess
         check_parallel_degrees(layout(**changes), world_size=world, on_accelerator=True)
 
 
-@pytest.mark.parametrize("changes", [{"tensor_parallel_degree": 2}, {"pipeline_parallel_degree": 2}, {"sharding": "stage1"}])
+@pytest.mark.parametrize("changes", [{"tensor_parallel_degree": 2}, {"pipeline_parallel_degree": 2}])
 def test_model_parallel_on_cpu_says_it_needs_gpus(changes):
     with pytest.raises(ValueError, match="need GPUs .* on CPU only data parallel runs"):
         check_parallel_degrees(layout(**changes), world_size=2, on_accelerator=False)
+
+
+def test_sharding_stage1_runs_on_cpu_and_stages_2_and_3_need_gpus():
+    check_parallel_degrees(layout(sharding="stage1", sharding_parallel_degree=2), world_size=2, on_accelerator=False)
+    for stage in ["stage2", "stage3"]:
+        with pytest.raises(ValueError, match=f"sharding={stage}: stages 2 and 3 .* need GPUs; on CPU use sharding stage1"):
+            check_parallel_degrees(layout(sharding=stage), world_size=2, on_accelerator=False)
 
 
 def test_a_cpu_config_with_tensor_parallel_stops_at_parse(tmp_path):
@@ -68,7 +80,7 @@ def test_a_cpu_config_with_tensor_parallel_stops_at_parse(tmp_path):
     with pytest.raises(ValueError, match="tensor_parallel_degree=2 .* does not divide the 1 launched"):
         parse(tmp_path, tensor_parallel_degree=2)
     with pytest.raises(ValueError, match="need GPUs"):
-        parse(tmp_path, sharding="stage1")
+        parse(tmp_path, sharding="stage2")
 
 
 @pytest.mark.slow
@@ -81,32 +93,34 @@ def test_vocab_parallel_logprobs_and_entropy_match_full_vocabulary(tmp_path):
     assert difference["logprobs"] < 1e-5 and difference["entropy"] < 1e-5 and difference["grad"] < 1e-6, difference
 
 
+def first_step(world, tmp_path, run, processes, **changes):
+    """The first GRPO step of the probe tests/probes/grpo_first_step.py on 8 prompts in all: in one process, or
+    launched over 2 ranks of 4 prompts each; returns rank 0's metrics (and weight digest)."""
+    prompts = 8 // processes
+    argv = small_run_argv(
+        world, str(tmp_path / run), per_device_prompt_batch_size=prompts, per_device_train_batch_size=4 * prompts,
+        use_rm_server="false", use_rule_reward="true", loss_agg_mode="token-mean", max_steps=1, **changes,
+    )
+    output = tmp_path / f"{run}.json"
+    if processes == 1:
+        result = subprocess.run(
+            [sys.executable, FIRST_STEP_PROBE, str(output), TINY_CONFIG, *argv], cwd=REPO_ROOT,
+            env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    else:
+        launch_two_processes(str(output), [TINY_CONFIG, *argv], tmp_path / f"{run}_log", script=FIRST_STEP_PROBE)
+    return json.loads(output.read_text())
+
+
 @pytest.mark.slow
 def test_two_process_grpo_step_equals_one_process_on_the_same_global_batch(tiny_world, tmp_path):
     """The first GRPO step's loss, gradient norm and rollout metrics: 2 ranks x 4 prompts (gradients averaged
     by data parallel) against 1 rank x 8 prompts. Rollouts are fixed (tests/probes/grpo_first_step.py).
     With token-mean every response token of the step weighs the same whichever rank holds it (verl's
     global token mean): the ranks hold different numbers of tokens, so a per-rank mean would differ."""
-    probe = os.path.join(PROBES, "grpo_first_step.py")
-    shared = {"use_rm_server": "false", "use_rule_reward": "true", "loss_agg_mode": "token-mean", "max_steps": 1}
-
-    def argv(run, prompts_per_rank):
-        return small_run_argv(
-            tiny_world, str(tmp_path / run), per_device_prompt_batch_size=prompts_per_rank,
-            per_device_train_batch_size=4 * prompts_per_rank, **shared,
-        )
-
-    single = tmp_path / "single.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    result = subprocess.run(
-        [sys.executable, probe, str(single), TINY_CONFIG, *argv("single", 8)], cwd=REPO_ROOT, env=env,
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    double = tmp_path / "double.json"
-    launch_two_processes(str(double), [TINY_CONFIG, *argv("double", 4)], tmp_path / "log", script=probe)
-
-    one, two = json.loads(single.read_text()), json.loads(double.read_text())
+    one = first_step(tiny_world, tmp_path, "single", processes=1)
+    two = first_step(tiny_world, tmp_path, "double", processes=2)
     rank_tokens = [json.loads((tmp_path / f"double.json.rank{rank}").read_text())["response_tokens"] for rank in (0, 1)]
     assert rank_tokens[0] != rank_tokens[1], rank_tokens  # so a mean of per-rank token means would differ
     assert one["grad_norm"] > 1e-3 and 0 < one["accuracy"] < 1  # a real gradient from mixed rewards
@@ -145,3 +159,118 @@ def test_advantages_are_whitened_over_every_data_parallel_rank(tmp_path):
         np.testing.assert_allclose(both, whole, rtol=1e-4, atol=1e-5, err_msg=name)
         half = whole[:3][mask[:3] == 1]
         assert abs(half.mean()) > 0.05  # a rank's own whitening (mean 0 on its rows) would differ
+
+
+# ---- sharding stage 1 (fleet's DygraphShardingOptimizer) over 2 processes ------------------------------
+
+SHARDING = {"sharding": "stage1", "sharding_parallel_degree": 2}
+
+
+@pytest.mark.slow
+def test_sharding_stage1_grpo_step_equals_one_process_on_the_same_global_batch(tiny_world, tmp_path):
+    """Each sharding rank's optimizer updates half the parameters: gradients are reduced inside the
+    optimizer step and the updated weights broadcast after it. Against 1 process on the same 8 prompts:
+    the loss, the pre-clip gradient norm of the whole batch (not a rank's own), and the weights after the step."""
+    one = first_step(tiny_world, tmp_path, "single", processes=1)
+    two = first_step(tiny_world, tmp_path, "sharded", processes=2, **SHARDING)
+    assert one["grad_norm"] > 1e-3 and 0 < one["accuracy"] < 1
+    for key in ["loss/policy_avg", "grad_norm", "reward_mean", "accuracy"]:
+        assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
+    names = sorted(one["weights"])
+    before = paddle.load(os.path.join(tiny_world["model"], "model_state.pdparams"))
+    moved = [abs(np.abs(before[name].numpy().astype("float64")).sum() - one["weights"][name][1]) for name in names]
+    assert min(moved) > 1e-5  # every parameter moved, on whichever rank its optimizer part sits
+    np.testing.assert_allclose([two["weights"][n] for n in names], [one["weights"][n] for n in names], rtol=1e-7, atol=1e-6)
+
+
+def sharded_argv(world, output_dir, **changes):
+    """The issue's command (`--sharding stage1 --sharding_parallel_degree 2 --per_device_prompt_batch_size 4
+    --per_device_train_batch_size 32` on config/tiny/grpo_argument.json) on the test world: 4 steps, a
+    checkpoint every 2, no evaluation."""
+    return small_run_argv(
+        world, str(output_dir), use_rm_server="false", use_rule_reward="true", rollout_n=None,
+        per_device_train_batch_size=32, max_steps=4, save_steps=2, eval_datasets="", **{**SHARDING, **changes},
+    )
+
+
+def step_metrics(log):
+    """The metrics each step logged (rank 0's worker log), without timings."""
+    lines = [line for line in log.splitlines() if "grad_norm: " in line]
+    timings = {"step_time", "eps", "rollout_tokens_per_s"}
+    return [
+        {key: value for key, value in (item.split(": ") for item in line.split(" - ", 1)[1].split(", ")) if key not in timings}
+        for line in lines
+    ]
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tiny_world, tmp_path_factory):
+    """An uninterrupted sharded run: (its output_dir, its rank-0 metrics per step)."""
+    output_dir = tmp_path_factory.mktemp("sharded_run") / "out"
+    logs = launch_two_processes(TINY_CONFIG, sharded_argv(tiny_world, output_dir), output_dir.parent / "log")
+    return output_dir, step_metrics(logs[0])
+
+
+def optimizer_arrays(path):
+    return {key: np.asarray(value) for key, value in paddle.load(str(path), return_numpy=True).items() if key != "LR_Scheduler"}
+
+
+@pytest.mark.slow
+def test_sharding_checkpoints_hold_every_ranks_optimizer_part(sharded_run):
+    output_dir, _ = sharded_run
+    checkpoint = output_dir / "checkpoint-2"
+    assert sorted(n for n in os.listdir(checkpoint) if n.endswith(".pdopt")) == ["optimizer.shard00.pdopt", "optimizer.shard01.pdopt"]
+    parts = [optimizer_arrays(checkpoint / f"optimizer.shard0{rank}.pdopt") for rank in (0, 1)]
+    owners = [{key.split("_moment1_")[0] for key in part if "_moment1_" in key} for part in parts]
+    assert owners[0] and owners[1] and not owners[0] & owners[1]  # each rank's own parameters
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint / "policy"))
+    assert owners[0] | owners[1] == {name for name, _ in model.named_parameters()}  # together, every parameter
+
+
+@pytest.mark.slow
+def test_sharding_run_restarted_after_a_crash_ends_exactly_as_the_uninterrupted_run(tiny_world, sharded_run, tmp_path):
+    """The uninterrupted run's checkpoint-2 alone, as a crash after it leaves the output_dir: rerunning the same
+    command resumes from it (every rank its optimizer part and RNG state) and ends on the same metrics,
+    weights and optimizer states, bit for bit."""
+    output_dir, straight_metrics = sharded_run
+    crashed = tmp_path / "out"
+    os.makedirs(crashed)
+    shutil.copytree(output_dir / "checkpoint-2", crashed / "checkpoint-2")
+    logs = launch_two_processes(TINY_CONFIG, sharded_argv(tiny_world, crashed), tmp_path / "log")
+    assert f"resumed from {crashed / 'checkpoint-2'} at step 2" in logs[0]
+    assert step_metrics(logs[0]) == straight_metrics[2:]
+    resumed, straight = (paddle.load(str(out / "policy" / "model_state.pdparams")) for out in (crashed, output_dir))
+    for name, value in straight.items():
+        np.testing.assert_array_equal(resumed[name].numpy(), value.numpy(), err_msg=name)
+    for rank in (0, 1):
+        name = f"checkpoint-4/optimizer.shard0{rank}.pdopt"
+        resumed_state, straight_state = optimizer_arrays(crashed / name), optimizer_arrays(output_dir / name)
+        assert resumed_state.keys() == straight_state.keys()
+        for key, value in straight_state.items():
+            np.testing.assert_array_equal(resumed_state[key], value, err_msg=f"{name} {key}")
+
+
+@pytest.mark.slow
+def test_a_missing_sharding_rank_optimizer_file_stops_every_rank_naming_it(tiny_world, sharded_run, tmp_path):
+    output_dir, _ = sharded_run
+    shutil.copytree(output_dir / "checkpoint-2", tmp_path / "out" / "checkpoint-2")
+    os.remove(tmp_path / "out" / "checkpoint-2" / "optimizer.shard01.pdopt")
+    with pytest.raises(AssertionError) as failure:
+        launch_two_processes(TINY_CONFIG, sharded_argv(tiny_world, tmp_path / "out"), tmp_path / "log")
+    message = str(failure.value)
+    assert "optimizer.shard01.pdopt is missing" in message
+    assert "a checkpoint resumes at the layout it was saved with" in message.lower()
+
+
+@pytest.mark.slow
+def test_resuming_a_sharded_checkpoint_in_one_process_names_the_layout(tiny_world, sharded_run, tmp_path):
+    from llm.alignment.ppo import run_ppo
+
+    output_dir, _ = sharded_run
+    shutil.copytree(output_dir / "checkpoint-2", tmp_path / "out" / "checkpoint-2")
+    argv = sharded_argv(tiny_world, tmp_path / "out", sharding="", sharding_parallel_degree=-1)
+    with pytest.raises(FileNotFoundError, match=re.escape(
+        "optimizer.pdopt is missing. This run's parallel layout reads optimizer.pdopt; the checkpoint holds "
+        "optimizer.shard00.pdopt, optimizer.shard01.pdopt. A checkpoint resumes at the layout it was saved with"
+    )):
+        run_ppo.main([TINY_CONFIG, *argv])

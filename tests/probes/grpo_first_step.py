@@ -5,8 +5,9 @@
 Sampling draws different random numbers for a different batch layout, so the rollouts are fixed instead:
 for each prompt the right sum and wrong ones, rewards that differ within every group. Everything after
 the rollout (rewards, log-probs, advantages, the update with data-parallel gradient synchronisation,
-metrics over ranks) is run_ppo's own. Rank 0 writes the step's metrics to METRICS.json, each rank its
-number of response tokens to METRICS.json.rankN.
+metrics over ranks) is run_ppo's own. Rank 0 writes the step's metrics to METRICS.json, with a digest of the
+policy's weights after the step under "weights"; each rank its number of response tokens to
+METRICS.json.rankN.
 """
 
 import json
@@ -42,11 +43,20 @@ def first_step_metrics(argv):
     return trainer, exp, metrics
 
 
+def weight_digest(model):
+    """{parameter path: [sum, sum of absolute values]} (float64) of `model`'s weights."""
+    digest = {}
+    for name, parameter in model.named_parameters():
+        values = parameter.numpy().astype("float64")
+        digest[name] = [float(values.sum()), float(abs(values).sum())]
+    return digest
+
+
 if __name__ == "__main__":
     trainer, exp, metrics = first_step_metrics(sys.argv[2:])
     with open(f"{sys.argv[1]}.rank{paddle.distributed.get_rank()}", "w") as f:
         json.dump({"response_tokens": float(exp.response_mask.sum())}, f)
     if trainer.is_world_process_zero():
         with open(sys.argv[1], "w") as f:
-            json.dump(metrics, f)
+            json.dump(metrics | {"weights": weight_digest(trainer.model)}, f)
     finish_distributed_run()

@@ -17,11 +17,11 @@ if not __package__:  # run as a script path: make the repository root importable
 import paddle
 from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import Trainer, TrainingArguments, set_seed
-from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
-from llm.alignment.ppo.arguments import parse_arguments
+from llm.alignment.ppo.arguments import parse_arguments, refuse_tensor_parallel
 from llm.alignment.ppo.comm_utils import finish_distributed_run
 from llm.alignment.ppo.data import IGNORE_INDEX, SupervisedDataset
+from llm.alignment.ppo.models.loading import load_causal_lm, load_tokenizer
 
 
 @dataclass
@@ -42,10 +42,11 @@ ARGUMENT_CLASSES = (FinetuneModelArgument, FinetuneDataArgument, TrainingArgumen
 
 def main(argv):
     model_args, data_args, training_args = parse_arguments(argv, ARGUMENT_CLASSES)
+    refuse_tensor_parallel(training_args, "fine-tuning")
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path)
+    tokenizer = load_tokenizer(model_args.model_name_or_path)
+    model = load_causal_lm(model_args.model_name_or_path, training_args)
 
     def dataset(split):
         path = os.path.join(data_args.dataset_name_or_path, f"{split}.json")

@@ -21,6 +21,7 @@ import paddle  # noqa: E402
 from llm.alignment.ppo import ppo_trainer, run_ppo  # noqa: E402
 from llm.alignment.ppo.comm_utils import finish_distributed_run  # noqa: E402
 from llm.alignment.ppo.infer_utils import left_pad, package_rollouts  # noqa: E402
+from llm.alignment.ppo.models.tensor_parallel import whole  # noqa: E402
 
 # Added to the right sum: the answers of one group, the first one right.
 ANSWER_OFFSETS = (0, 1, -1, 10)
@@ -44,19 +45,21 @@ def first_step_metrics(argv):
 
 
 def weight_digest(model):
-    """{parameter path: [sum, sum of absolute values]} (float64) of `model`'s weights."""
+    """{parameter path: [sum, sum of absolute values]} (float64) of `model`'s weights (whole: every rank of a
+    tensor-parallel group takes part)."""
     digest = {}
     for name, parameter in model.named_parameters():
-        values = parameter.numpy().astype("float64")
+        values = whole(parameter).numpy().astype("float64")
         digest[name] = [float(values.sum()), float(abs(values).sum())]
     return digest
 
 
 if __name__ == "__main__":
     trainer, exp, metrics = first_step_metrics(sys.argv[2:])
+    weights = weight_digest(trainer.model)
     with open(f"{sys.argv[1]}.rank{paddle.distributed.get_rank()}", "w") as f:
         json.dump({"response_tokens": float(exp.response_mask.sum())}, f)
     if trainer.is_world_process_zero():
         with open(sys.argv[1], "w") as f:
-            json.dump(metrics | {"weights": weight_digest(trainer.model)}, f)
+            json.dump(metrics | {"weights": weights}, f)
     finish_distributed_run()

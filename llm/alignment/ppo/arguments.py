@@ -305,7 +305,9 @@ class RLTrainingArguments(TrainingArguments):
 
 def check_parallel_degrees(args, world_size, on_accelerator):
     """Parallel degrees against the launched processes, before paddlenlp's own asserts: tensor x pipeline
-    (x sharding) ranks must divide the world, and only data parallel runs without an accelerator."""
+    (x sharding) ranks must divide the world. Tensor parallel (Paddle's auto-parallel plan,
+    models/tensor_parallel.py) runs alone; sharding stage 1 runs with data parallel, on CPU too; stages 2
+    and 3 (paddle's group_sharded_parallel) need GPUs."""
     sharding = args.sharding not in ("", [], None, False)
     degrees = {
         "tensor_parallel_degree": max(args.tensor_parallel_degree, 1),
@@ -320,14 +322,32 @@ def check_parallel_degrees(args, world_size, on_accelerator):
             f"{product} = {replica} ranks per data-parallel replica does not divide the {world_size} launched "
             "process(es) (paddle.distributed.launch --devices / --nproc_per_node)"
         )
-    if args.sequence_parallel and degrees["tensor_parallel_degree"] < 2:
-        raise ValueError("sequence_parallel splits activations over tensor-parallel ranks: it needs tensor_parallel_degree >= 2")
-    if sharding:
-        used["sharding"] = args.sharding
-    if used and not on_accelerator:
+    tensor_parallel = degrees["tensor_parallel_degree"]
+    if args.sequence_parallel:
         raise ValueError(
-            f"{used} need GPUs (Paddle runs tensor, pipeline and sharding parallel on GPUs only); "
-            "on CPU only data parallel runs: remove these keys or launch on GPUs"
+            "sequence_parallel: the tensor-parallel plan splits weights, not activations; remove the key"
+        )
+    if tensor_parallel > 1 and world_size != tensor_parallel:
+        raise ValueError(
+            f"tensor_parallel_degree={tensor_parallel} over {world_size} launched processes: tensor parallel runs "
+            "alone (every process in one tensor-parallel group), without data parallel or sharding; launch "
+            f"{tensor_parallel} processes, or use sharding stage1 over all of them"
+        )
+    stages = set(args.sharding) if isinstance(args.sharding, (list, tuple)) else set(str(args.sharding or "").split())
+    if sharding and stages - {"stage1"} and not on_accelerator:
+        raise ValueError(
+            f"sharding={args.sharding}: stages 2 and 3 (paddle's group_sharded_parallel) need GPUs; "
+            "on CPU use sharding stage1"
+        )
+
+
+def refuse_tensor_parallel(args, stage):
+    """SFT and reward-model training run data parallel and sharding stage1: paddlenlp's Trainer would wrap
+    a model split by the tensor-parallel plan in fleet's TP wrappers, which expect fleet's own TP layers."""
+    if args.tensor_parallel_degree > 1:
+        raise ValueError(
+            f"tensor_parallel_degree={args.tensor_parallel_degree}: {stage} runs data parallel and sharding stage1; "
+            "tensor parallel is run_ppo's"
         )
 
 
@@ -390,6 +410,11 @@ def validate_across(parsed):
                 raise ValueError(f"{key}={getattr(model_args, key)!r} applies to LoRA adapters: set lora true")
     if model_args and model_args.lora and model_args.lora_rank <= 0:
         raise ValueError(f"lora_rank must be positive, got {model_args.lora_rank}")
+    if model_args and training_args and model_args.lora and training_args.tensor_parallel_degree > 1:
+        raise ValueError(
+            f"lora with tensor_parallel_degree={training_args.tensor_parallel_degree}: the tensor-parallel plan splits "
+            "the base layers LoRA wraps; train LoRA adapters with data parallel or sharding stage1"
+        )
     if data_args and training_args and bool(data_args.ptx_datasets) != (training_args.ptx_coeff > 0):
         raise ValueError(
             f"ptx_datasets={data_args.ptx_datasets!r} and ptx_coeff={training_args.ptx_coeff} go together: set both or neither"

@@ -34,6 +34,7 @@ from llm.alignment.ppo.checkpoint_utils import (
 )
 from llm.alignment.ppo.comm_utils import is_distributed
 from llm.alignment.ppo.models.lora_utils import save_merged
+from llm.alignment.ppo.models.tensor_parallel import complete_state_dict, is_tensor_parallel, local_state, set_local_state
 
 CRITIC_OPTIMIZER_NAME, CRITIC_SCHEDULER_NAME = "value_optimizer.pdopt", "value_scheduler.pdparams"
 DATA_STATE_NAME = "data_state.json"
@@ -73,14 +74,16 @@ def is_first_rank():
 
 def save_model(model, folder, tokenizer, merge_lora=False):
     """`model` to `folder`, from_pretrained-loadable with the tokenizer beside it. Every rank calls this (the
-    one place a model's weights are written, so that a gather of split weights can sit here); rank 0
-    writes. `merge_lora`: a LoRA model's base weights with the adapters folded in."""
+    one place a model's weights are written); rank 0 writes. A tensor-parallel model's parts are gathered
+    first, so the folder holds the whole model whatever the layout. `merge_lora`: a LoRA model's base
+    weights with the adapters folded in."""
+    state = complete_state_dict(model) if is_tensor_parallel(model) else None
     if not is_first_rank():
         return
     if merge_lora:
         save_merged(model, folder)
     else:
-        model.save_pretrained(folder)
+        model.save_pretrained(folder, state_dict=state)
     tokenizer.save_pretrained(folder)
 
 
@@ -117,14 +120,19 @@ def writes_optimizer_part(args):
 
 
 def save_optimizer_state(optimizer, model, folder, name, args):
-    """This rank's part of `optimizer`'s state, keyed by parameter paths, to `folder`/optimizer_file(name)."""
+    """This rank's part of `optimizer`'s state, keyed by parameter paths, to `folder`/optimizer_file(name)
+    (under tensor parallel, this rank's slices of the split moments)."""
     if writes_optimizer_part(args):
-        paddle.save(optimizer_state_by_structured_name(optimizer, model), os.path.join(folder, optimizer_file(name, args)))
+        state = local_state(optimizer_state_by_structured_name(optimizer, model))
+        paddle.save(state, os.path.join(folder, optimizer_file(name, args)))
 
 
 def load_optimizer_state(optimizer, model, folder, name, args):
-    state = paddle.load(os.path.join(folder, optimizer_file(name, args)))
-    optimizer.set_state_dict(optimizer_state_by_parameter_name(state, model))
+    state = optimizer_state_by_parameter_name(paddle.load(os.path.join(folder, optimizer_file(name, args))), model)
+    if is_tensor_parallel(model):
+        set_local_state(optimizer, state)
+    else:
+        optimizer.set_state_dict(state)
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------

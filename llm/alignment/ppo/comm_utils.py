@@ -34,16 +34,6 @@ def data_parallel_rank_and_size():
     return (dist.get_rank(), dist.get_world_size()) if is_distributed() else (0, 1)
 
 
-def vocab_parallel_group(model):
-    """The model-parallel group when `model`'s LM head returns vocab-parallel logits, else None. paddlenlp
-    splits the LM head only when the tensor-parallel degree divides the vocabulary."""
-    config = model.config
-    degree = getattr(config, "tensor_parallel_degree", 1)
-    if degree > 1 and getattr(config, "tensor_parallel_output", False) and config.vocab_size % degree == 0:
-        return hybrid_communicate_group().get_model_parallel_group()
-    return None
-
-
 def rank_shard(size):
     """Indices of this data rank's share of `size` items, every item on exactly one data rank (no padding
     repeats, so sums over ranks are exact)."""

@@ -107,7 +107,7 @@ def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: Sam
     temperature = per_row(0.0 if sampling.greedy else sampling.temperature, rows, "float32")
     top_k, top_p = per_row(sampling.top_k, rows, "int64"), per_row(sampling.top_p, rows, "float32")
     # One seed per rollout from paddle's generator: reproducible with the run's seed and restored on resume.
-    seed = int(paddle.randint(0, 2**31 - 1, [1]))
+    seed = decoder.same_on_every_rank(int(paddle.randint(0, 2**31 - 1, [1])))
     logits = decoder.prefill(input_ids)
     for _ in range(max_dec):
         ops.rollout_token_penalty(logits, history, step_idx, *penalties, eos_ids, no_banned)

@@ -40,7 +40,6 @@ from llm.alignment.ppo.comm_utils import (
     mean_over_ranks,
     rank_shard,
     sum_over_data_ranks,
-    vocab_parallel_group,
 )
 from llm.alignment.ppo.data import IGNORE_INDEX
 from llm.alignment.ppo.experience import Experience
@@ -48,6 +47,7 @@ from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
 from llm.alignment.ppo.models.lora_utils import adapters_disabled, is_lora
 from llm.alignment.ppo.models.ppo_model_utils import PolicyObjective, ValueObjective
 from llm.alignment.ppo.models.score_model_utils import RunningMeanStd
+from llm.alignment.ppo.models.tensor_parallel import is_tensor_parallel, whole
 from llm.alignment.ppo.offload_utils import OffloadPlan
 
 
@@ -119,7 +119,6 @@ class PPOTrainer(Trainer):
         self.advantage_fn = ADVANTAGE_ESTIMATORS.get(args.rl_algorithm)
         self.policy_objective = PolicyObjective.from_args(args)
         self.value_objective = ValueObjective.from_args(args)
-        self.vocab_group = vocab_parallel_group(model)
         # With a single optimizer step per rollout the policy has not moved when the loss is computed,
         # so the old log-probs equal the current ones (detached): one forward pass saved, unless the
         # token rewards need them before the update (a KL penalty in the reward).
@@ -161,6 +160,16 @@ class PPOTrainer(Trainer):
             grad_clip=paddle.nn.ClipGradByGlobalNorm(args.max_grad_norm) if args.max_grad_norm > 0 else None,
             **optimizer_kwargs,
         )
+
+    def _wrap_model(self, model, training=True):
+        """paddlenlp's wrapping, except for models split by the tensor-parallel plan: fleet's TensorParallel
+        and HybridParallelOptimizer are made for fleet's TP layers, while these are already distributed
+        tensors that train as they are (as under paddlenlp's AutoTrainer)."""
+        if is_tensor_parallel(model):
+            if self.do_grad_scaling:
+                raise ValueError("fp16 loss scaling does not run with tensor_parallel_degree > 1: use bf16")
+            return model
+        return super()._wrap_model(model, training)
 
     def wrap_with_optimizer(self, model, optimizer):
         """`Trainer._wrap_model` wraps `self.optimizer` along with the model (mixed precision, fleet's hybrid or
@@ -336,7 +345,7 @@ class PPOTrainer(Trainer):
             micro = exp.select(start, start + size)
             with self.autocast_smart_context_manager():
                 logits = response_logits(model, micro)
-            chunks.append(self.policy_objective.token_logprobs(logits, response_labels(micro), self.vocab_group))
+            chunks.append(whole(self.policy_objective.token_logprobs(logits, response_labels(micro))))
         return paddle.concat(chunks, axis=0)
 
     def compute_reference_logprobs(self, exp):
@@ -356,7 +365,7 @@ class PPOTrainer(Trainer):
         chunks = []
         for start in range(0, len(exp), size):
             with self.autocast_smart_context_manager():
-                chunks.append(response_values(self.critic, exp.select(start, start + size)))
+                chunks.append(whole(response_values(self.critic, exp.select(start, start + size))))
         self.critic.train()
         return paddle.concat(chunks, axis=0) * exp.response_mask
 
@@ -424,7 +433,7 @@ class PPOTrainer(Trainer):
             logits = response_logits(self.model_wrapped, micro)
         loss, stats = self.policy_objective(
             logits, response_labels(micro), micro.old_logprobs, micro.ref_logprobs, micro.advantages, micro.response_mask,
-            self.vocab_group, scale,
+            scale,
         )
         if self.ptx_batches is not None:
             with self.autocast_smart_context_manager():

@@ -14,23 +14,14 @@ import paddle
 from paddlenlp.peft import LoRAConfig, LoRAModel
 from paddlenlp.trainer import set_seed
 from paddlenlp.trl.llm_utils import get_lora_target_modules
-from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
-from paddlenlp.utils.log import logger
 
 from llm.alignment.ppo.arguments import parse_arguments
 from llm.alignment.ppo.checkpoint_utils import resolve_resume_checkpoint
 from llm.alignment.ppo.comm_utils import finish_distributed_run
 from llm.alignment.ppo.data import PromptOnlyDataset, SupervisedDataset
-from llm.alignment.ppo.models.score_model import AutoModelForScore
+from llm.alignment.ppo.models.loading import frozen, load_causal_lm, load_score_model, load_tokenizer
 from llm.alignment.ppo.ppo_trainer import PPOTrainer
 from llm.alignment.ppo.rewards.scoring import build_reward_scorer
-
-
-def frozen(model):
-    model.eval()
-    for parameter in model.parameters():
-        parameter.stop_gradient = True
-    return model
 
 
 def checkpoint_or(path, training_args, name):
@@ -41,22 +32,6 @@ def checkpoint_or(path, training_args, name):
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"resume_from_checkpoint={training_args.resume_from_checkpoint} has no {name}/ folder")
     return folder
-
-
-def parallel_options(training_args, recompute_granularity=None, score_model=False):
-    """from_pretrained options of every model: the tensor-parallel layout and, with O2 mixed precision,
-    half-precision weights (PaddleNLP's choice); `recompute_granularity` for the models that train.
-    Sequence parallel applies to the causal LMs only: score heads read every position's hidden state."""
-    options = {
-        "tensor_parallel_degree": max(training_args.tensor_parallel_degree, 1),
-        "tensor_parallel_rank": training_args.tensor_parallel_rank,
-        "sequence_parallel": training_args.sequence_parallel and not score_model,
-    }
-    if training_args.fp16_opt_level == "O2" and (training_args.bf16 or training_args.fp16):
-        options["dtype"] = "bfloat16" if training_args.bf16 else "float16"
-    if recompute_granularity is not None:
-        options["recompute_granularity"] = recompute_granularity
-    return options
 
 
 def with_lora(actor, model_args, training_args):
@@ -71,7 +46,6 @@ def with_lora(actor, model_args, training_args):
             target_modules=targets.split(",") if targets else get_lora_target_modules(actor),
             r=model_args.lora_rank,
             lora_alpha=model_args.lora_alpha or 2 * model_args.lora_rank,
-            tensor_parallel_degree=max(training_args.tensor_parallel_degree, 1),
             dtype=actor.config.dtype,
             base_model_name_or_path=model_args.actor_model_name_or_path,
         )
@@ -87,47 +61,29 @@ def load_models(model_args, training_args):
     `reference_model_name_or_path` names another model. The critic starts from
     `reward_critic_model_name_or_path`, else the reward model, else the actor's backbone (with a fresh score head)."""
     actor_path = model_args.actor_model_name_or_path
-    actor = AutoModelForCausalLM.from_pretrained(
+    actor = load_causal_lm(
         actor_path if model_args.lora else checkpoint_or(actor_path, training_args, "policy"),
-        **parallel_options(training_args, training_args.recompute_granularity),
+        training_args, training_args.recompute_granularity,
     )
     if model_args.lora:
         actor = with_lora(actor, model_args, training_args)
     reference = None
     if training_args.uses_reference_model and not (model_args.lora and model_args.reference_model_name_or_path is None):
-        reference = frozen(
-            AutoModelForCausalLM.from_pretrained(
-                model_args.reference_model_name_or_path or actor_path, **parallel_options(training_args)
-            )
-        )
+        reference = frozen(load_causal_lm(model_args.reference_model_name_or_path or actor_path, training_args))
     reward_model = None
     if model_args.reward_model_name_or_path:
-        reward_model = frozen(
-            AutoModelForScore.from_pretrained(
-                model_args.reward_model_name_or_path, **parallel_options(training_args, score_model=True)
-            )
-        )
+        reward_model = frozen(load_score_model(model_args.reward_model_name_or_path, training_args))
     critic = None
     if training_args.uses_critic:
         initial = model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path or actor_path
         # Raw values, and no score statistics to track (a collective in every training forward).
-        critic = AutoModelForScore.from_pretrained(
-            checkpoint_or(initial, training_args, "value"), score_type="critic", do_normalize=False, normalizer_type=None,
-            **parallel_options(training_args, training_args.critic_recompute_granularity, score_model=True),
+        critic = load_score_model(
+            checkpoint_or(initial, training_args, "value"), training_args, training_args.critic_recompute_granularity,
+            score_type="critic", do_normalize=False, normalizer_type=None,
         )
         if training_args.critic_recompute:
             critic.recompute_enable()
     return actor, reference, reward_model, critic
-
-
-def load_tokenizer(path):
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token_id is None:
-        # Llama 3 ships no pad token. EOS is a safe pad here: padding sits under a zero attention mask,
-        # and response masks end at the first EOS.
-        logger.info(f"the tokenizer of {path} has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 def evaluation_only(training_args):

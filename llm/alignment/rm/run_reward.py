@@ -19,12 +19,11 @@ import paddle
 from paddlenlp.trainer import TrainingArguments, set_seed
 
 from llm.alignment.ppo.algos import PAIRWISE_LOSSES
-from llm.alignment.ppo.arguments import check_launch_layout, parse_arguments
+from llm.alignment.ppo.arguments import check_launch_layout, parse_arguments, refuse_tensor_parallel
 from llm.alignment.ppo.comm_utils import finish_distributed_run
 from llm.alignment.ppo.data import PreferenceCollator, PreferenceDataset
-from llm.alignment.ppo.run_ppo import load_tokenizer, parallel_options
-from llm.alignment.rm.models.score_model import AutoModelForScore
-from llm.alignment.rm.models.score_model_utils import NORMALIZERS
+from llm.alignment.ppo.models.loading import load_score_model, load_tokenizer
+from llm.alignment.ppo.models.score_model_utils import NORMALIZERS
 from llm.alignment.rm.reward_trainer import RewardTrainer
 
 
@@ -56,6 +55,7 @@ class RewardTrainingArguments(TrainingArguments):
 
     def __post_init__(self):
         check_launch_layout(self)
+        refuse_tensor_parallel(self, "reward-model training")
         super().__post_init__()
         if self.loss_type not in PAIRWISE_LOSSES.names():
             raise ValueError(f"loss_type={self.loss_type!r} is not available; choose from {PAIRWISE_LOSSES.names()}")
@@ -77,13 +77,13 @@ def build_trainer(argv):
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
     tokenizer = load_tokenizer(model_args.model_name_or_path)
-    model = AutoModelForScore.from_pretrained(
+    model = load_score_model(
         model_args.model_name_or_path,
+        training_args,
         score_type="reward",
         do_normalize=training_args.normalize_score_during_training,
         normalizer_type=training_args.normalizer_type,
         normalizer_momentum=training_args.normalizer_momentum,
-        **parallel_options(training_args, score_model=True),
     )
 
     def pairs(datasets):

@@ -23,7 +23,6 @@ from paddlenlp.transformers import LlamaForCausalLMPipe, Qwen2ForCausalLMPipe
 from paddlenlp.transformers.llama.modeling import LlamaLMHead
 from paddlenlp.transformers.qwen2.modeling import Qwen2LMHead
 
-from llm.alignment.ppo.comm_utils import vocab_parallel_group
 from llm.alignment.ppo.models.pp_model_utils import (
     PolicyPipeLoss,
     ScoreHeadPipe,
@@ -64,7 +63,7 @@ class PolicyPipeMixin(RLPipeMixin):
         return split_pipeline_inputs(inputs, policy_labels)
 
     def get_loss_fn(self, config):
-        return PolicyPipeLoss(self.objective, vocab_parallel_group(self))
+        return PolicyPipeLoss(self.objective)
 
     def add_sequential_layer(self, layer_desc, name_prefix=""):
         if name_prefix == LM_HEAD_PREFIX and isinstance(layer_desc, SharedLayerDesc):

@@ -202,10 +202,9 @@ class StatsKeepingLoss(nn.Layer):
 class PolicyPipeLoss(StatsKeepingLoss):
     """The RL policy objective (a `PolicyObjective`) as the pipeline's loss on the final logits [b, P+R, V]."""
 
-    def __init__(self, objective, vocab_group=None):
+    def __init__(self, objective):
         super().__init__()
         self.objective = objective
-        self.vocab_group = vocab_group
 
     def forward(self, logits, labels):
         response_labels, old_logprobs, ref_logprobs, advantages, response_mask = labels
@@ -217,7 +216,6 @@ class PolicyPipeLoss(StatsKeepingLoss):
             empty_as_absent(ref_logprobs),
             advantages,
             response_mask,
-            self.vocab_group,
         )
         self.record(stats)
         return loss

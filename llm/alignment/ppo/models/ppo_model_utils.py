@@ -37,25 +37,25 @@ class PolicyObjective:
             args.clip_ratio_c, args.temperature,
         )
 
-    def token_logprobs(self, logits, labels, vocab_group=None):
+    def token_logprobs(self, logits, labels):
         """log pi(labels) [B, R] under the sampling distribution: the one formula of old, reference and
         current log-probs."""
-        return gather_logprobs(tempered_logits(logits, self.temperature), labels, vocab_group)
+        return gather_logprobs(tempered_logits(logits, self.temperature), labels)
 
-    def __call__(self, logits, labels, old_logprobs, ref_logprobs, advantages, response_mask, vocab_group=None, scale=None):
-        """`logits` [B, R, V] predict the response tokens `labels` [B, R] (a vocab slice with `vocab_group`);
+    def __call__(self, logits, labels, old_logprobs, ref_logprobs, advantages, response_mask, scale=None):
+        """`logits` [B, R, V] predict the response tokens `labels` [B, R];
         `old_logprobs` None means on-policy (the detached current log-probs); `scale` (a LossScale) makes
         the loss this micro-batch's share of the optimizer step's (None: the micro-batch alone).
         Returns (loss, stats)."""
         logits = tempered_logits(logits, self.temperature)
-        logprobs = gather_logprobs(logits, labels, vocab_group)
+        logprobs = gather_logprobs(logits, labels)
         old_logprobs = logprobs.detach() if old_logprobs is None else old_logprobs
         token_loss, stats = call_with_options(
             self.policy_loss_fn, logprobs, old_logprobs, advantages, response_mask, self.clip_low, self.clip_high,
             clip_ratio_c=self.clip_ratio_c,
         )
         # The entropy is differentiated only when it is part of the loss.
-        token_entropy = entropy_from_logits(logits if self.entropy_coeff > 0 else logits.detach(), vocab_group)
+        token_entropy = entropy_from_logits(logits if self.entropy_coeff > 0 else logits.detach())
         # The aggregations are linear, so the terms are summed per token and aggregated once.
         objective = token_loss - self.entropy_coeff * token_entropy if self.entropy_coeff > 0 else token_loss
         with paddle.no_grad():

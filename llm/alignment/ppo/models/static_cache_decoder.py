@@ -5,10 +5,19 @@ are written in place into per-layer buffers of shape [B, kv_heads, max_len, head
 per rollout, so a decode step allocates no cache. The q/k/v projections and the gate/up projections
 are concatenated once per rollout, so each layer runs four matrix products per step instead of seven.
 Positions follow `generate()`: position i of the left-padded batch is i for every row.
+
+A model split by the tensor-parallel plan (models/tensor_parallel.py) decodes on each rank's part of the
+weights: its own attention heads and MLP columns, an all-reduce of the partial sums after the row-parallel
+o/down products and the vocab-parallel embedding lookup, and the vocab-parallel logits gathered whole, so
+every rank of the group samples the same tokens.
 """
 
 import paddle
+import paddle.distributed as dist
 import paddle.nn.functional as F
+
+from llm.alignment.ppo.comm_utils import hybrid_communicate_group
+from llm.alignment.ppo.models.tensor_parallel import is_tensor_parallel, local_value
 
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
 
@@ -20,7 +29,7 @@ def unsupported_reason(model):
         return f"{name} is not one of {SUPPORTED_ARCHITECTURES}"
     config = model.config
     if getattr(config, "tensor_parallel_degree", 1) > 1:
-        return "tensor-parallel models decode through generate()"
+        return "models with fleet's tensor-parallel layers decode through generate()"
     if getattr(config, "fuse_attention_qkv", False):
         return "fused qkv projections are not supported"
     if getattr(config, "use_long_sequence_strategies", False):
@@ -31,36 +40,108 @@ def unsupported_reason(model):
 
 
 def concat_columns(linears):
-    """One (weight, bias) computing all `linears` on the same input; bias None when none has one."""
-    weight = paddle.concat([linear.weight for linear in linears], axis=1)
-    biases = [linear.bias for linear in linears]
+    """One (weight, bias) computing all `linears` on the same input (this rank's columns of each);
+    bias None when none has one."""
+    weight = paddle.concat([local_value(linear.weight) for linear in linears], axis=1)
+    biases = [None if linear.bias is None else local_value(linear.bias) for linear in linears]
     bias = None if all(b is None for b in biases) else paddle.concat(
-        [b if b is not None else paddle.zeros([l.weight.shape[1]], l.weight.dtype) for b, l in zip(biases, linears)]
+        [b if b is not None else paddle.zeros([w.shape[1]], w.dtype) for b, w in zip(biases, [local_value(l.weight) for l in linears])]
     )
     return weight, bias
 
 
-class LayerWeights:
-    """A decoder layer's weights, with q/k/v and gate/up concatenated for fewer, larger products."""
+class RowParallelLinear:
+    """A linear layer over this rank's rows of the weight: partial products summed over the group (the
+    bias, whole on every rank, added once after the sum)."""
 
-    def __init__(self, layer):
+    def __init__(self, linear, group):
+        self.weight, self.group = local_value(linear.weight), group
+        self.bias = None if linear.bias is None else local_value(linear.bias)
+
+    def __call__(self, x):
+        out = paddle.matmul(x, self.weight)
+        if self.group is not None:
+            dist.all_reduce(out, group=self.group)
+        return out if self.bias is None else out + self.bias
+
+
+class RMSNorm:
+    """paddlenlp's Qwen2/Llama RMSNorm (float32 statistics) on the norm's local weight."""
+
+    def __init__(self, norm):
+        self.weight, self.epsilon = local_value(norm.weight), norm.variance_epsilon
+
+    def __call__(self, x):
+        variance = x.astype("float32").pow(2).mean(-1, keepdim=True)
+        return (paddle.rsqrt(variance + self.epsilon) * x.astype("float32")).astype(self.weight.dtype) * self.weight
+
+
+class LayerWeights:
+    """A decoder layer's weights (this rank's part of them), with q/k/v and gate/up concatenated for
+    fewer, larger products."""
+
+    def __init__(self, layer, group):
         attention, mlp = layer.self_attn, layer.mlp
-        self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
+        self.input_norm, self.post_norm = RMSNorm(layer.input_layernorm), RMSNorm(layer.post_attention_layernorm)
         self.qkv_weight, self.qkv_bias = concat_columns([attention.q_proj, attention.k_proj, attention.v_proj])
-        self.o_proj = attention.o_proj
+        self.o_proj = RowParallelLinear(attention.o_proj, group)
         if getattr(mlp, "fuse_attention_ffn", False):
-            self.gate_up_weight = mlp.gate_up_fused_proj.weight
+            self.gate_up_weight = local_value(mlp.gate_up_fused_proj.weight)
         else:
             self.gate_up_weight, _ = concat_columns([mlp.gate_proj, mlp.up_proj])
-        self.down_proj = mlp.down_proj
+        self.down_proj = RowParallelLinear(mlp.down_proj, group)
 
     def mlp(self, x):
         return self.down_proj(F.swiglu(F.linear(x, self.gate_up_weight)))
 
 
+class VocabParallelEmbedding:
+    """The embedding lookup on this rank's rows of the table (all of them when it is whole): ids outside
+    them look up zeros, and the group's sum holds every id's row."""
+
+    def __init__(self, embedding, group):
+        self.weight = local_value(embedding.weight)
+        self.split = group is not None and embedding.weight.is_dist() and self.weight.shape[0] < embedding.weight.shape[0]
+        self.group = group
+        self.start = group.rank * self.weight.shape[0] if self.split else 0
+
+    def __call__(self, ids):
+        if not self.split:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        inside = (local >= 0) & (local < self.weight.shape[0])
+        rows = F.embedding(paddle.where(inside, local, paddle.zeros_like(local)), self.weight)
+        rows = rows * inside.unsqueeze(-1).astype(rows.dtype)
+        dist.all_reduce(rows, group=self.group)
+        return rows
+
+
+class LMHead:
+    """Logits over the whole vocabulary from this rank's part of the LM head, gathered over the group when
+    the head is split over the vocabulary."""
+
+    def __init__(self, lm_head, group):
+        self.weight = local_value(lm_head.weight)
+        self.transpose = getattr(lm_head, "transpose_y", False)  # tied to the [vocab, hidden] embedding
+        self.group = group if lm_head.weight.is_dist() and self.weight.shape != lm_head.weight.shape else None
+
+    def __call__(self, hidden):
+        logits = paddle.matmul(hidden, self.weight, transpose_y=self.transpose)
+        if self.group is None:
+            return logits
+        parts = []
+        dist.all_gather(parts, logits, group=self.group)
+        return paddle.concat(parts, axis=-1)
+
+
 def rotate_half(x):
     half = x.shape[-1] // 2
     return paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def tensor_parallel_group(model):
+    """The group over which `model`'s weights are split, or None."""
+    return hybrid_communicate_group().get_model_parallel_group() if is_tensor_parallel(model) else None
 
 
 class StaticCacheDecoder:
@@ -70,20 +151,23 @@ class StaticCacheDecoder:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"static-cache decoding unavailable: {reason}")
-        self.model = model
-        self.base = getattr(model, model.base_model_prefix)
-        self.layers = [LayerWeights(layer) for layer in self.base.layers]
-        attention = self.base.layers[0].self_attn
+        self.group = tensor_parallel_group(model)
+        degree = 1 if self.group is None else self.group.nranks
+        base = getattr(model, model.base_model_prefix)
+        self.layers = [LayerWeights(layer, self.group) for layer in base.layers]
+        self.embed_tokens, self.norm = VocabParallelEmbedding(base.embed_tokens, self.group), RMSNorm(base.norm)
+        self.lm_head = LMHead(model.lm_head, self.group)
+        attention = base.layers[0].self_attn
         self.num_heads, self.num_kv_heads, self.head_dim = (
-            attention.num_heads,
-            attention.num_key_value_heads,
+            attention.num_heads // degree,
+            attention.num_key_value_heads // degree,
             attention.head_dim,
         )
         self.groups = self.num_heads // self.num_kv_heads
-        dtype = self.base.embed_tokens.weight.dtype
+        dtype = self.embed_tokens.weight.dtype
         shape = [batch_size, self.num_kv_heads, max_len, self.head_dim]
-        self.keys = [paddle.zeros(shape, dtype=dtype) for _ in self.base.layers]
-        self.values = [paddle.zeros(shape, dtype=dtype) for _ in self.base.layers]
+        self.keys = [paddle.zeros(shape, dtype=dtype) for _ in self.layers]
+        self.values = [paddle.zeros(shape, dtype=dtype) for _ in self.layers]
         # Additive key mask over the whole buffer: prompt padding is masked, generated tokens never are.
         prompt_len = prompt_mask.shape[1]
         valid = paddle.concat([prompt_mask, paddle.ones([batch_size, max_len - prompt_len], prompt_mask.dtype)], axis=1)
@@ -128,13 +212,20 @@ class StaticCacheDecoder:
 
     def forward(self, input_ids):
         start = self.position
-        hidden = self.base.embed_tokens(input_ids)
+        hidden = self.embed_tokens(input_ids)
         for index, layer in enumerate(self.layers):
             hidden = hidden + self.attention(index, layer, layer.input_norm(hidden), start)
             hidden = hidden + layer.mlp(layer.post_norm(hidden))
         self.position = start + input_ids.shape[1]
-        last = self.base.norm(hidden[:, -1:])
-        return self.model.lm_head(last)[:, -1].astype("float32")
+        return self.lm_head(self.norm(hidden[:, -1])).astype("float32")
+
+    def same_on_every_rank(self, seed):
+        """`seed` as rank 0 of the tensor-parallel group drew it, so that every rank samples the same tokens."""
+        if self.group is None:
+            return seed
+        value = paddle.to_tensor([seed], dtype="int64")
+        dist.broadcast(value, src=self.group.ranks[0], group=self.group)
+        return int(value)
 
     def prefill(self, input_ids):
         return self.forward(input_ids)

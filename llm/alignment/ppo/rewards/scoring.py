@@ -8,6 +8,7 @@ trainer uses to report accuracy.
 import paddle
 
 from llm.alignment.ppo.data.datasets import encode_completion, pad_right
+from llm.alignment.ppo.models.tensor_parallel import whole
 from llm.alignment.ppo.rewards import get_reward_task
 
 
@@ -52,7 +53,7 @@ class RewardModelScorer:
         for start in range(0, len(sequences), self.batch_size):
             input_ids, attention_mask = pad_right(sequences[start : start + self.batch_size], self.tokenizer.pad_token_id)
             end_scores = self.model(input_ids=input_ids, attention_mask=attention_mask).end_scores
-            scores.extend(end_scores[:, 0].astype("float32").numpy().tolist())
+            scores.extend(whole(end_scores[:, 0]).astype("float32").numpy().tolist())
         return scores
 
 

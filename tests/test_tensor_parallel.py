@@ -1,0 +1,158 @@
+"""Tensor parallel on CPU (Paddle's auto-parallel plan, models/tensor_parallel.py) under
+`paddle.distributed.launch --nproc_per_node 2`: a TP2 GRPO step and PPO step (policy and critic) equal one
+process; TP2 rollouts of the fast decode loop equal TP1 token for token, with the vocabulary whole on every
+rank (the tiny model's tied 259-token head) and split over the ranks (an untied copy padded to 260); a TP2
+run saves whole models and per-rank optimizer slices, and resumes from them exactly."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+import pytest
+from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
+
+from helpers import REPO_ROOT, launch_two_processes, small_run_argv
+from test_parallel import optimizer_arrays, step_metrics
+
+PROBES = os.path.join(REPO_ROOT, "tests", "probes")
+TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+pytestmark = pytest.mark.slow
+
+
+def run_probe(probe, output, argv, log_dir, tensor_parallel):
+    """The probe alone, or over 2 tensor-parallel processes; returns its JSON output (and the worker logs)."""
+    script = os.path.join(PROBES, probe)
+    if not tensor_parallel:
+        result = subprocess.run([sys.executable, script, str(output), *argv], cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(output.read_text()), None
+    logs = launch_two_processes(str(output), [*argv, "--tensor_parallel_degree", "2"], log_dir, script=script)
+    return json.loads(output.read_text()), logs
+
+
+def split_messages(logs):
+    """The tensor-parallel plan's log lines (without their colour codes)."""
+    return [line[line.index("- ") + 2 :].replace("\x1b[0m", "") for line in logs[0].splitlines() if "tensor-parallel ranks" in line]
+
+
+@pytest.mark.parametrize("algorithm, models", [("grpo", ["Qwen2ForCausalLM"]), ("ppo", ["Qwen2ForCausalLM", "Qwen2ForScore"])])
+def test_tensor_parallel_step_equals_one_process(tiny_world, tmp_path, algorithm, models):
+    """The first step on fixed rollouts (tests/probes/grpo_first_step.py): both ranks of the TP group hold the
+    whole batch and half of each split layer; the losses and gradient norms (policy, and critic for PPO)
+    equal one process's."""
+    shared = {"use_rm_server": "false", "use_rule_reward": "true", "rl_algorithm": algorithm, "max_steps": 1,
+              "per_device_prompt_batch_size": 8, "per_device_train_batch_size": 32}
+    one, _ = run_probe("grpo_first_step.py", tmp_path / "one.json", [TINY_CONFIG, *small_run_argv(tiny_world, str(tmp_path / "one"), **shared)],
+                       None, tensor_parallel=False)
+    two, logs = run_probe("grpo_first_step.py", tmp_path / "two.json", [TINY_CONFIG, *small_run_argv(tiny_world, str(tmp_path / "two"), **shared)],
+                          tmp_path / "log", tensor_parallel=True)
+    assert [m.split()[0] for m in split_messages(logs)] == models  # the trained models are split, not copies
+    keys = ["loss/policy_avg", "grad_norm", "entropy", "reward_mean"]
+    keys += ["loss/value_avg", "critic_grad_norm", "val/value_mean"] if algorithm == "ppo" else []
+    assert one["grad_norm"] > 1e-3 and (algorithm == "grpo" or one["critic_grad_norm"] > 1e-3)
+    for key in keys:
+        assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
+    # The weights after the AdamW step. PPO's first policy loss is ~1e-8 (whitened advantages at the old
+    # policy), and Adam divides such gradients by their own RMS, so the split reductions' rounding shows more.
+    names = sorted(one["weights"])
+    atol = 5e-5 if algorithm == "ppo" else 1e-5
+    np.testing.assert_allclose([two["weights"][n] for n in names], [one["weights"][n] for n in names], rtol=1e-6, atol=atol)
+
+
+def untied_copy_with_padded_vocabulary(source, target, multiple):
+    """`source` with its tied LM head untied and the vocabulary padded with zero rows to a multiple of
+    `multiple` (as Qwen pads its vocabulary), so the tensor-parallel plan splits both over the vocabulary."""
+    model = AutoModelForCausalLM.from_pretrained(source)
+    state = model.state_dict()
+    table = state["qwen2.embed_tokens.weight"]
+    padded = -(-table.shape[0] // multiple) * multiple
+    table = paddle.concat([table, paddle.zeros([padded - table.shape[0], table.shape[1]], table.dtype)])
+    config = AutoConfig.from_pretrained(source)
+    config.vocab_size, config.tie_word_embeddings = padded, False
+    untied = AutoModelForCausalLM.from_config(config)
+    untied.set_state_dict({**state, "qwen2.embed_tokens.weight": table, "lm_head.weight": table.T})
+    untied.save_pretrained(target)
+    for name in os.listdir(source):
+        if name.endswith((".json", ".txt")) and not os.path.exists(os.path.join(target, name)):
+            shutil.copy(os.path.join(source, name), target)
+    return target
+
+
+@pytest.mark.parametrize("vocabulary", ["whole", "split"])
+def test_tensor_parallel_rollout_equals_one_process(tiny_world, tmp_path, vocabulary):
+    """The fast decode loop on each rank's half of the weights (an all-reduce after the row-parallel products,
+    the vocab-parallel logits gathered) samples the same tokens as one process, greedy and at temperature 1,
+    and never falls back to generate()."""
+    model = tiny_world["model"]
+    if vocabulary == "split":
+        model = untied_copy_with_padded_vocabulary(model, str(tmp_path / "untied"), 2)
+    argv = [TINY_CONFIG, *small_run_argv(tiny_world, str(tmp_path / "run"), actor_model_name_or_path=model, use_rm_server="false", use_rule_reward="true")]
+    one, _ = run_probe("tp_rollout.py", tmp_path / "one.json", argv, None, tensor_parallel=False)
+    two, logs = run_probe("tp_rollout.py", tmp_path / "two.json", argv, tmp_path / "log", tensor_parallel=True)
+    assert split_messages(logs) == [f"Qwen2ForCausalLM split over 2 tensor-parallel ranks: {14 + 2 * (vocabulary == 'split')} layers, "
+                                    f"vocabulary {'split' if vocabulary == 'split' else 'whole on every rank'}"]
+    assert two["tensor_parallel"] and not one["tensor_parallel"]
+    assert one["warnings"] == [] and two["warnings"] == []  # no fallback to generate()
+    assert len({tuple(tokens) for tokens in one["sampled"]}) > 8  # varied samples, not one answer
+    assert two["greedy"] == one["greedy"] and two["sampled"] == one["sampled"]
+
+
+def tensor_parallel_argv(world, output_dir):
+    """The issue's command with `--tensor_parallel_degree 2` (config/tiny/grpo_argument.json, 4 prompts and 32
+    completions per micro-batch) on the test world: 4 steps, a checkpoint every 2, no evaluation."""
+    return small_run_argv(
+        world, str(output_dir), use_rm_server="false", use_rule_reward="true", rollout_n=None, per_device_train_batch_size=32,
+        max_steps=4, save_steps=2, eval_datasets="", tensor_parallel_degree=2,
+    )
+
+
+@pytest.fixture(scope="module")
+def tensor_parallel_run(tiny_world, tmp_path_factory):
+    """An uninterrupted TP2 run: (its output_dir, its rank-0 metrics per step, its worker logs)."""
+    output_dir = tmp_path_factory.mktemp("tensor_parallel_run") / "out"
+    logs = launch_two_processes(TINY_CONFIG, tensor_parallel_argv(tiny_world, output_dir), output_dir.parent / "log")
+    return output_dir, step_metrics(logs[0]), logs
+
+
+def test_tensor_parallel_run_uses_the_fast_decode_loop_and_saves_whole_models(tiny_world, tensor_parallel_run):
+    """policy/ (final and in each checkpoint) is the whole model, loadable in one process with every
+    parameter at its full shape; each rank saved its own slices of the AdamW moments."""
+    output_dir, _, logs = tensor_parallel_run
+    assert "fast rollout unavailable" not in logs[0] + logs[1]
+    full = dict(AutoModelForCausalLM.from_pretrained(tiny_world["model"]).named_parameters())
+    for folder in (output_dir / "policy", output_dir / "checkpoint-2" / "policy"):
+        saved = dict(AutoModelForCausalLM.from_pretrained(str(folder)).named_parameters())
+        assert {name: p.shape for name, p in saved.items()} == {name: p.shape for name, p in full.items()}
+    checkpoint = output_dir / "checkpoint-2"
+    assert sorted(n for n in os.listdir(checkpoint) if n.endswith(".pdopt")) == ["optimizer.tp00.pdopt", "optimizer.tp01.pdopt"]
+    parts = [optimizer_arrays(checkpoint / f"optimizer.tp0{rank}.pdopt") for rank in (0, 1)]
+    key = next(k for k in parts[0] if k.startswith("qwen2.layers.0.self_attn.q_proj.weight") and "moment1" in k)
+    hidden = full["qwen2.layers.0.self_attn.q_proj.weight"].shape
+    assert [list(part[key].shape) for part in parts] == [[hidden[0], hidden[1] // 2]] * 2  # column halves
+    assert not np.array_equal(parts[0][key], parts[1][key])
+
+
+def test_tensor_parallel_run_restarted_after_a_crash_ends_exactly_as_the_uninterrupted_run(tiny_world, tensor_parallel_run, tmp_path):
+    """Only the uninterrupted run's checkpoint-2 left, as after a crash: the same command resumes from it and
+    ends on the same metrics, weights and optimizer slices, bit for bit."""
+    output_dir, straight_metrics, _ = tensor_parallel_run
+    crashed = tmp_path / "out"
+    shutil.copytree(output_dir / "checkpoint-2", crashed / "checkpoint-2")
+    logs = launch_two_processes(TINY_CONFIG, tensor_parallel_argv(tiny_world, crashed), tmp_path / "log")
+    assert f"resumed from {crashed / 'checkpoint-2'} at step 2" in logs[0]
+    assert step_metrics(logs[0]) == straight_metrics[2:]
+    resumed, straight = (paddle.load(str(out / "policy" / "model_state.pdparams")) for out in (crashed, output_dir))
+    for name, value in straight.items():
+        np.testing.assert_array_equal(resumed[name].numpy(), value.numpy(), err_msg=name)
+    for rank in (0, 1):
+        name = f"checkpoint-4/optimizer.tp0{rank}.pdopt"
+        resumed_state, straight_state = optimizer_arrays(crashed / name), optimizer_arrays(output_dir / name)
+        assert resumed_state.keys() == straight_state.keys()
+        for key, value in straight_state.items():
+            np.testing.assert_array_equal(resumed_state[key], value, err_msg=f"{name} {key}")

@@ -131,3 +131,17 @@ def small_run_argv(world, output_dir, **changes):
         **changes,
     }
     return [token for key, value in values.items() if value is not None for token in (f"--{key}", str(value))]
+
+
+def run_probe(script, output, argv, log_dir, processes):
+    """A probe script of tests/probes (`script OUTPUT argv...`) in one process, or over 2 under
+    `paddle.distributed.launch`; returns the JSON its rank 0 wrote to `output`."""
+    if processes == 1:
+        result = subprocess.run(
+            [sys.executable, script, str(output), *argv], cwd=REPO_ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+            capture_output=True, text=True, timeout=600,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    else:
+        launch_two_processes(str(output), list(argv), log_dir, script=script)
+    return json.loads(output.read_text())

@@ -6,8 +6,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,7 +13,7 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM
 
-from helpers import REPO_ROOT, launch_two_processes, small_run_argv
+from helpers import REPO_ROOT, launch_two_processes, run_probe, small_run_argv
 from llm.alignment.ppo.arguments import check_parallel_degrees
 
 PROBES = os.path.join(REPO_ROOT, "tests", "probes")
@@ -81,6 +79,18 @@ def test_a_cpu_config_with_tensor_parallel_stops_at_parse(tmp_path):
         parse(tmp_path, tensor_parallel_degree=2)
     with pytest.raises(ValueError, match="need GPUs"):
         parse(tmp_path, sharding="stage2")
+
+
+def first_step(world, tmp_path, run, processes, data_ranks=None, **changes):
+    """The first GRPO step of the probe tests/probes/grpo_first_step.py on 8 prompts in all: in one process, or
+    launched over 2 processes, the prompts split over the `data_ranks` (default: both); returns rank 0's
+    metrics (and weight digest). Worker logs go to tmp_path/<run>_log."""
+    prompts = 8 // (data_ranks or processes)
+    argv = small_run_argv(
+        world, str(tmp_path / run), per_device_prompt_batch_size=prompts, per_device_train_batch_size=4 * prompts,
+        use_rm_server="false", use_rule_reward="true", loss_agg_mode="token-mean", max_steps=1, **changes,
+    )
+    return run_probe(FIRST_STEP_PROBE, tmp_path / f"{run}.json", [TINY_CONFIG, *argv], tmp_path / f"{run}_log", processes)
 
 
 @pytest.mark.slow

@@ -4,41 +4,27 @@ process; TP2 rollouts of the fast decode loop equal TP1 token for token, with th
 rank (the tiny model's tied 259-token head) and split over the ranks (an untied copy padded to 260); a TP2
 run saves whole models and per-rank optimizer slices, and resumes from them exactly."""
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import paddle
 import pytest
 from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
 
-from helpers import REPO_ROOT, launch_two_processes, small_run_argv
-from test_parallel import optimizer_arrays, step_metrics
+from helpers import REPO_ROOT, launch_two_processes, run_probe, small_run_argv
+from test_parallel import first_step, optimizer_arrays, step_metrics
 
 PROBES = os.path.join(REPO_ROOT, "tests", "probes")
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 pytestmark = pytest.mark.slow
 
 
-def run_probe(probe, output, argv, log_dir, tensor_parallel):
-    """The probe alone, or over 2 tensor-parallel processes; returns its JSON output (and the worker logs)."""
-    script = os.path.join(PROBES, probe)
-    if not tensor_parallel:
-        result = subprocess.run([sys.executable, script, str(output), *argv], cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
-        return json.loads(output.read_text()), None
-    logs = launch_two_processes(str(output), [*argv, "--tensor_parallel_degree", "2"], log_dir, script=script)
-    return json.loads(output.read_text()), logs
-
-
-def split_messages(logs):
-    """The tensor-parallel plan's log lines (without their colour codes)."""
-    return [line[line.index("- ") + 2 :].replace("\x1b[0m", "") for line in logs[0].splitlines() if "tensor-parallel ranks" in line]
+def split_messages(log_dir):
+    """The tensor-parallel plan's log lines in rank 0's worker log (without their colour codes)."""
+    log = (log_dir / "workerlog.0").read_text(errors="replace")
+    return [line[line.index("- ") + 2 :].replace("\x1b[0m", "") for line in log.splitlines() if "tensor-parallel ranks" in line]
 
 
 @pytest.mark.parametrize("algorithm, models", [("grpo", ["Qwen2ForCausalLM"]), ("ppo", ["Qwen2ForCausalLM", "Qwen2ForScore"])])
@@ -46,13 +32,9 @@ def test_tensor_parallel_step_equals_one_process(tiny_world, tmp_path, algorithm
     """The first step on fixed rollouts (tests/probes/grpo_first_step.py): both ranks of the TP group hold the
     whole batch and half of each split layer; the losses and gradient norms (policy, and critic for PPO)
     equal one process's."""
-    shared = {"use_rm_server": "false", "use_rule_reward": "true", "rl_algorithm": algorithm, "max_steps": 1,
-              "per_device_prompt_batch_size": 8, "per_device_train_batch_size": 32}
-    one, _ = run_probe("grpo_first_step.py", tmp_path / "one.json", [TINY_CONFIG, *small_run_argv(tiny_world, str(tmp_path / "one"), **shared)],
-                       None, tensor_parallel=False)
-    two, logs = run_probe("grpo_first_step.py", tmp_path / "two.json", [TINY_CONFIG, *small_run_argv(tiny_world, str(tmp_path / "two"), **shared)],
-                          tmp_path / "log", tensor_parallel=True)
-    assert [m.split()[0] for m in split_messages(logs)] == models  # the trained models are split, not copies
+    one = first_step(tiny_world, tmp_path, "one", processes=1, rl_algorithm=algorithm)
+    two = first_step(tiny_world, tmp_path, "two", processes=2, data_ranks=1, rl_algorithm=algorithm, tensor_parallel_degree=2)
+    assert [m.split()[0] for m in split_messages(tmp_path / "two_log")] == models  # the trained models are split, not copies
     keys = ["loss/policy_avg", "grad_norm", "entropy", "reward_mean"]
     keys += ["loss/value_avg", "critic_grad_norm", "val/value_mean"] if algorithm == "ppo" else []
     assert one["grad_norm"] > 1e-3 and (algorithm == "grpo" or one["critic_grad_norm"] > 1e-3)
@@ -93,9 +75,10 @@ def test_tensor_parallel_rollout_equals_one_process(tiny_world, tmp_path, vocabu
     if vocabulary == "split":
         model = untied_copy_with_padded_vocabulary(model, str(tmp_path / "untied"), 2)
     argv = [TINY_CONFIG, *small_run_argv(tiny_world, str(tmp_path / "run"), actor_model_name_or_path=model, use_rm_server="false", use_rule_reward="true")]
-    one, _ = run_probe("tp_rollout.py", tmp_path / "one.json", argv, None, tensor_parallel=False)
-    two, logs = run_probe("tp_rollout.py", tmp_path / "two.json", argv, tmp_path / "log", tensor_parallel=True)
-    assert split_messages(logs) == [f"Qwen2ForCausalLM split over 2 tensor-parallel ranks: {14 + 2 * (vocabulary == 'split')} layers, "
+    probe = os.path.join(PROBES, "tp_rollout.py")
+    one = run_probe(probe, tmp_path / "one.json", argv, None, processes=1)
+    two = run_probe(probe, tmp_path / "two.json", [*argv, "--tensor_parallel_degree", "2"], tmp_path / "log", processes=2)
+    assert split_messages(tmp_path / "log") == [f"Qwen2ForCausalLM split over 2 tensor-parallel ranks: {14 + 2 * (vocabulary == 'split')} layers, "
                                     f"vocabulary {'split' if vocabulary == 'split' else 'whole on every rank'}"]
     assert two["tensor_parallel"] and not one["tensor_parallel"]
     assert one["warnings"] == [] and two["warnings"] == []  # no fallback to generate()

@@ -1,0 +1,1 @@
+"""Prediction with a trained policy: batch prediction over a JSONL file and interactive chat."""

@@ -1,9 +1,10 @@
+import re
 import time
 from types import SimpleNamespace
 
 import pytest
 
-from llm.alignment.ppo.rewards import RewardInputError, get_reward_task
+from llm.alignment.ppo.rewards import RewardInputError, TargetError, get_reward_task
 from llm.alignment.ppo.rewards.scoring import RuleRewardScorer
 from llm.tools.chat_format import chat_prompt
 
@@ -12,8 +13,11 @@ KK_TGT = "(1) Zoey is a knight\n(2) Oliver is a knave"
 PERFECT_ANSWER = "(1) Zoey is a knight\n(2) Oliver is a knave"
 
 
-def kk(response, tgt=KK_TGT, src=KK_SRC):
-    return get_reward_task("kk").score(src, tgt, response)
+KK_TASKS = ["kk", "kk_strict"]
+
+
+def kk(response, tgt=KK_TGT, src=KK_SRC, task="kk"):
+    return get_reward_task(task).score(src, tgt, response)
 
 
 def math_score(response, tgt):
@@ -24,68 +28,78 @@ def wrapped(answer, reasoning="Zoey tells the truth, so Oliver lies."):
     return f"{reasoning}</think>\n<answer>{answer}</answer>"
 
 
-# ---------------------------------------------------------------- kk
+# ---------------------------------------------------------------- kk (PaddleNLP's rules) and kk_strict
 
 
-def test_kk_task_is_registered_with_max_score_3():
-    task = get_reward_task("kk")
+@pytest.mark.parametrize("task_name", KK_TASKS)
+def test_kk_tasks_are_registered_with_max_score_3(task_name):
+    task = get_reward_task(task_name)
     assert task.max_score == 3.0
-    assert task.is_correct(kk(wrapped(PERFECT_ANSWER)))
-    assert not task.is_correct(kk(wrapped("(1) Zoey is a knave\n(2) Oliver is a knave")))
+    assert task.is_correct(kk(wrapped(PERFECT_ANSWER), task=task_name))
+    assert not task.is_correct(kk(wrapped("(1) Zoey is a knave\n(2) Oliver is a knave"), task=task_name))
 
 
-def test_kk_perfect_answer_scores_3():
-    assert kk(wrapped(PERFECT_ANSWER)) == 3.0
-
-
+@pytest.mark.parametrize("task", KK_TASKS)
 @pytest.mark.parametrize("end", ["<|im_end|>", "<|endoftext|>", "\n<|im_end|>\n", "<|im_end|><|endoftext|>", "  \n"])
-def test_kk_ignores_trailing_end_tokens_and_whitespace(end):
-    assert kk(wrapped(PERFECT_ANSWER) + end) == 3.0
+def test_kk_ignores_trailing_end_tokens_and_whitespace(task, end):
+    assert kk(wrapped(PERFECT_ANSWER) + end, task=task) == 3.0
 
 
-def test_kk_wrong_role_scores_minus_half():
-    assert kk(wrapped("(1) Zoey is a knight\n(2) Oliver is a knight")) == -0.5
+@pytest.mark.parametrize("task", KK_TASKS)
+def test_kk_scores_right_wrong_and_case_insensitive_roles(task):
+    assert kk(wrapped(PERFECT_ANSWER), task=task) == 3.0
+    assert kk(wrapped("(1) Zoey is a knight\n(2) Oliver is a knight"), task=task) == -0.5
+    assert kk(wrapped("(1) Zoey IS A Knight\n(2) Oliver is a KNAVE"), task=task) == 3.0
 
 
-def test_kk_role_and_connective_are_case_insensitive():
-    assert kk(wrapped("(1) Zoey IS A Knight\n(2) Oliver is a KNAVE")) == 3.0
-
-
+@pytest.mark.parametrize("task", KK_TASKS)
 @pytest.mark.parametrize(
     "answer",
     [
         "(1) Zoey is a knight",  # Oliver missing
         "(1) Zoey is a knight\n(2) Oliver is a knave\n(3) Oliver is a knight",  # both roles
         "Zoey and Oliver are honest",  # no role statements at all
-        "(1) zoey is a knight\n(2) oliver is a knave",  # names are matched exactly
         "(1) Zoeya is a knight\n(2) Oliverx is a knave",  # names only as prefixes of other words
+        "(1) Max is a knight\n(2) Liam is a knave",  # wrong names
         "",
     ],
 )
-def test_kk_unparsable_answer_scores_minus_1(answer):
-    assert kk(wrapped(answer)) == -1.0
+def test_kk_unparsable_answer_scores_minus_1(task, answer):
+    assert kk(wrapped(answer), task=task) == -1.0
 
 
-def test_kk_wrong_names_are_ignored_but_not_counted():
-    assert kk(wrapped("(1) Zoey is a knight\n(2) Oliver is a knave\n(3) Max is a knight")) == 3.0
-    assert kk(wrapped("(1) Max is a knight\n(2) Liam is a knave")) == -1.0
+# (response, score by kk as PaddleNLP's server gives it, score by kk_strict)
+KK_RULE_DIFFERENCES = {
+    # The parity cases: PaddleNLP ignores text after </answer>, and counts role words.
+    "text_after_answer": (wrapped(PERFECT_ANSWER) + "\nI hope this helps!", 3.0, -3.0),
+    "text_after_end_token": (wrapped(PERFECT_ANSWER) + "<|im_end|>more", 3.0, -3.0),
+    "knight_not_a_knave": (wrapped("(1) Zoey is a knight, not a knave\n(2) Oliver is a knave"), -1.0, 3.0),
+    "repeated_claims": (wrapped("Zoey is a knight. Oliver is a knave. So: Zoey is a knight, Oliver is a knave"), -1.0, 3.0),
+    "extra_person": (wrapped("(1) Zoey is a knight\n(2) Oliver is a knave\n(3) Max is a knight"), -1.0, 3.0),
+    "names_in_lower_case": (wrapped("(1) zoey is a knight\n(2) oliver is a knave"), 3.0, -1.0),
+    "is_an": (wrapped("(1) Zoey is an knight\n(2) Oliver is a knave"), -1.0, 3.0),
+}
 
 
-def test_kk_repeating_the_same_role_is_fine():
-    assert kk(wrapped("Zoey is a knight. Oliver is a knave. So: Zoey is a knight, Oliver is a knave")) == 3.0
+@pytest.mark.parametrize("response, paddlenlp_score, strict_score", KK_RULE_DIFFERENCES.values(), ids=KK_RULE_DIFFERENCES.keys())
+def test_kk_matches_paddlenlp_and_kk_strict_keeps_the_stricter_rules(response, paddlenlp_score, strict_score):
+    assert kk(response, task="kk") == paddlenlp_score
+    assert kk(response, task="kk_strict") == strict_score
 
 
-def test_kk_names_that_prefix_other_names():
+@pytest.mark.parametrize("task", KK_TASKS)
+def test_kk_names_that_prefix_other_names(task):
     tgt = "(1) Ann is a knight\n(2) Anna is a knave"
-    assert kk(wrapped("(1) Ann is a knight\n(2) Anna is a knave"), tgt) == 3.0
-    assert kk(wrapped("(1) Anna is a knave\n(2) Ann is a knight"), tgt) == 3.0
+    assert kk(wrapped("(1) Ann is a knight\n(2) Anna is a knave"), tgt, task=task) == 3.0
+    assert kk(wrapped("(1) Anna is a knave\n(2) Ann is a knight"), tgt, task=task) == 3.0
     # Anna's role must not be read as Ann's: Ann is missing.
-    assert kk(wrapped("(2) Anna is a knave"), tgt) == -1.0
+    assert kk(wrapped("(2) Anna is a knave"), tgt, task=task) == -1.0
     # Nor is a longer name ending in "Ann".
-    assert kk(wrapped("(1) JoAnn is a knight\n(2) Anna is a knave"), tgt) == -1.0
-    assert kk(wrapped("(1) Ann is a knave\n(2) Anna is a knave"), tgt) == -0.5
+    assert kk(wrapped("(1) JoAnn is a knight\n(2) Anna is a knave"), tgt, task=task) == -1.0
+    assert kk(wrapped("(1) Ann is a knave\n(2) Anna is a knave"), tgt, task=task) == -0.5
 
 
+@pytest.mark.parametrize("task", KK_TASKS)
 @pytest.mark.parametrize(
     "response",
     [
@@ -98,24 +112,24 @@ def test_kk_names_that_prefix_other_names():
         "<answer>" + PERFECT_ANSWER + "</answer>reasoning</think>",  # answer before </think>
         "reasoning</think>\n</answer>" + PERFECT_ANSWER + "<answer>",  # answer tags swapped
         "a</think><think>b<answer>" + PERFECT_ANSWER + "</answer>",  # a second think block opened
-        wrapped(PERFECT_ANSWER) + "\nI hope this helps!",  # text after </answer>
-        wrapped(PERFECT_ANSWER) + "<|im_end|>more",  # text after the end token
         "",
     ],
 )
-def test_kk_bad_format_scores_minus_3(response):
-    assert kk(response) == -3.0
+def test_kk_bad_format_scores_minus_3(task, response):
+    assert kk(response, task=task) == -3.0
 
 
-def test_kk_prompt_without_think_prefix_expects_the_model_to_open_it():
+@pytest.mark.parametrize("task", KK_TASKS)
+def test_kk_prompt_without_think_prefix_expects_the_model_to_open_it(task):
     src = chat_prompt("Zoey says ...")
-    assert kk("<think>hm</think><answer>" + PERFECT_ANSWER + "</answer>", src=src) == 3.0
-    assert kk(wrapped(PERFECT_ANSWER), src=src) == -3.0
+    assert kk("<think>hm</think><answer>" + PERFECT_ANSWER + "</answer>", src=src, task=task) == 3.0
+    assert kk(wrapped(PERFECT_ANSWER), src=src, task=task) == -3.0
 
 
-def test_kk_malformed_tgt_is_an_error_naming_it():
-    with pytest.raises(ValueError, match="Zoey is honest"):
-        kk(wrapped(PERFECT_ANSWER), tgt="(1) Zoey is honest")
+@pytest.mark.parametrize("task", KK_TASKS)
+def test_kk_malformed_tgt_is_an_error_naming_it(task):
+    with pytest.raises(TargetError, match="Zoey is honest"):
+        kk(wrapped(PERFECT_ANSWER), tgt="(1) Zoey is honest", task=task)
 
 
 KK_ADVERSARIAL = {
@@ -129,14 +143,26 @@ KK_ADVERSARIAL = {
 }
 
 
+@pytest.mark.parametrize("task", KK_TASKS)
 @pytest.mark.parametrize("response", KK_ADVERSARIAL.values(), ids=KK_ADVERSARIAL.keys())
-def test_kk_megabyte_adversarial_response_is_fast(response):
+def test_kk_megabyte_adversarial_response_is_fast(task, response):
     assert len(response) >= 1_000_000
     tgt = "(1) Zoey is a knight\n(2) Ann is a knave\n(3) Anna is a knight"
     start = time.perf_counter()
-    score = kk(response, tgt)
+    score = kk(response, tgt, task=task)
     assert time.perf_counter() - start < 0.5
     assert score in (-3.0, -1.0)
+
+
+@pytest.mark.parametrize("task", KK_TASKS)
+def test_kk_cost_is_linear_in_people_and_answer_length(task):
+    # Once 30 s: an 850 KB answer naming 1999 people was scanned once per person.
+    names = [f"Person{index}x" for index in range(1999)]
+    claims = "\n".join(f"({index + 1}) {name} is a knight" for index, name in enumerate(names))
+    response = wrapped(claims + " " + "y" * 800_000)
+    start = time.perf_counter()
+    assert kk(response, tgt=claims, task=task) == 3.0
+    assert time.perf_counter() - start < 0.5
 
 
 # ---------------------------------------------------------------- math
@@ -188,9 +214,19 @@ def test_math_falls_back_to_last_number_when_no_number_follows_the_mark():
     assert math_score("I think 12 ####", "12") == 1.0
 
 
-def test_math_malformed_tgt_is_an_error_naming_it():
-    with pytest.raises(ValueError, match="twelve"):
-        math_score("#### 12", "twelve")
+GSM8K_ANSWER = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72"
+
+
+@pytest.mark.parametrize("tgt", [GSM8K_ANSWER, "72", " 72\n", "#### 72", "so 1,000 - 928 =\n#### 72"])
+def test_math_reads_gsm8k_answer_text_or_a_bare_number_as_tgt(tgt):
+    assert math_score("48 + 24 = 72\n#### 72", tgt) == 1.0
+    assert math_score("#### 24", tgt) == 0.0
+
+
+@pytest.mark.parametrize("tgt", ["twelve", "The answer is 72", "#### seventy-two", "72 ####", ""])
+def test_math_unreadable_tgt_is_an_error_naming_it(tgt):
+    with pytest.raises(TargetError, match=re.escape(repr(tgt))):
+        math_score("#### 12", tgt)
 
 
 MATH_ADVERSARIAL = {
@@ -239,9 +275,9 @@ def test_rule_scorer_names_the_row_the_task_and_the_values_it_cannot_score():
     with pytest.raises(ValueError) as error:
         RuleRewardScorer("arith").score(exp)
     message = str(error.value)
-    assert message.startswith("reward 'arith' cannot score item 1 (src='2+2=', tgt='abc', response='12'): ValueError")
-    assert "invalid literal for int()" in message
-    assert isinstance(error.value, RewardInputError) and isinstance(error.value.__cause__, ValueError)
+    assert message == "reward 'arith' cannot score item 1 (src='2+2=', tgt='abc', response='12'): TargetError: arith tgt 'abc' is not an integer"
+    assert isinstance(error.value, RewardInputError) and isinstance(error.value.__cause__, TargetError)
+    assert error.value.unreadable_target
 
 
 def test_unscorable_item_shows_long_values_cut_with_their_length():

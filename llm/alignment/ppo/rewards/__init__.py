@@ -5,6 +5,8 @@ accurate when it reaches it. Rule rewards parse model output; they never execute
 
 `RewardTask.score_batch` is how the reward server and the in-process scorer call a rule: an item the
 rule cannot score stops the batch with a `RewardInputError` naming the task, the item and its values.
+A rule raises `TargetError` when the item's tgt is not in the form it reads (the caller's data is at
+fault, not the response), which the error records as `unreadable_target`.
 """
 
 import math
@@ -14,8 +16,16 @@ from typing import Callable, Dict
 SHOWN_CHARS = 200
 
 
+class TargetError(ValueError):
+    """A rule reward cannot read the reference answer (tgt) it was given."""
+
+
 class RewardInputError(ValueError):
     """A rule reward could not score one item; the message names the task, the item and its values."""
+
+    def __init__(self, message, unreadable_target=False):
+        super().__init__(message)
+        self.unreadable_target = unreadable_target
 
 
 def shown(text, as_text=repr):
@@ -45,7 +55,9 @@ class RewardTask:
             # The cause is cut too: rules often quote the value they choke on.
             cause = shown(f"{type(error).__name__}: {error}", as_text=str)
             item = describe_item(index, src, tgt, response)
-            raise RewardInputError(f"reward {self.name!r} cannot score {item}: {cause}") from error
+            raise RewardInputError(
+                f"reward {self.name!r} cannot score {item}: {cause}", unreadable_target=isinstance(error, TargetError)
+            ) from error
         if not math.isfinite(score):
             # A NaN or inf reward would poison every advantage of the batch.
             item = describe_item(index, src, tgt, response)

@@ -2,7 +2,7 @@
 
 import re
 
-from llm.alignment.ppo.rewards import register_reward
+from llm.alignment.ppo.rewards import TargetError, register_reward
 
 _INTEGER = re.compile(r"-?\d{1,6}")
 
@@ -10,6 +10,8 @@ _INTEGER = re.compile(r"-?\d{1,6}")
 @register_reward("arith", max_score=1.0)
 def arith_reward(src, tgt, response):
     """1.0 when the response is exactly the expected integer (surrounding spaces allowed), else 0.0."""
+    if not _INTEGER.fullmatch(tgt.strip()):
+        raise TargetError(f"arith tgt {tgt!r} is not an integer")
     answer = response.strip()
     if not _INTEGER.fullmatch(answer):
         return 0.0

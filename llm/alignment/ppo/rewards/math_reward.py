@@ -1,9 +1,13 @@
-"""Reward of GSM8K-style math word problems: 1.0 when the final number equals the reference."""
+"""Reward of GSM8K-style math word problems: 1.0 when the final number equals the reference.
+
+The reference (tgt) is a bare number ("1,234") or GSM8K's own answer text, whose number follows its
+last `####` ("... so 48+24 = 72 clips.\n#### 72").
+"""
 
 import re
 from decimal import Decimal
 
-from llm.alignment.ppo.rewards import register_reward
+from llm.alignment.ppo.rewards import TargetError, register_reward
 
 ANSWER_MARK = "####"
 
@@ -18,9 +22,11 @@ def to_decimal(match):
 
 
 def parse_reference(tgt):
-    match = _NUMBER.fullmatch(tgt.strip())
+    mark = tgt.rfind(ANSWER_MARK)
+    number = tgt[mark + len(ANSWER_MARK) :] if mark >= 0 else tgt
+    match = _NUMBER.fullmatch(number.strip())
     if match is None:
-        raise ValueError(f"math tgt {tgt!r} is not a number")
+        raise TargetError(f"math tgt {tgt!r} is neither a number nor an answer ending in '#### NUMBER'")
     return to_decimal(match)
 
 

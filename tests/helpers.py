@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from werkzeug.serving import make_server
 
 from llm import run_finetune
-from llm.alignment.ppo.reward_server import create_app
+from llm.alignment.ppo.reward_server import create_app, create_wsgi_server
 from llm.alignment.rm import run_reward
 from llm.tools.build_tiny_model import build_tiny_model
 from llm.tools.build_tokenizer import build_tokenizer
@@ -33,6 +33,20 @@ def serving(app):
     finally:
         server.shutdown()
         thread.join(timeout=5)
+
+
+@contextmanager
+def serving_in_production(app, **server_options):
+    """Serve the WSGI `app` as reward_server.py does (waitress, `create_wsgi_server` options) on 127.0.0.1
+    (a free port) in a thread; yields its URL."""
+    server = create_wsgi_server(app, "127.0.0.1", 0, **server_options)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.effective_port}"
+    finally:
+        server.close()
+        server.task_dispatcher.shutdown()
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,10 +1,13 @@
 import json
 import logging
+import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -13,12 +16,17 @@ from flask import Flask, jsonify, request
 
 from llm.alignment.ppo import reward_client
 from llm.alignment.ppo.reward_client import RewardServerClient, RewardServerError
-from helpers import running_reward_server, serving
-from llm.alignment.ppo.reward_server import create_app
-from llm.alignment.ppo.rewards import REWARD_TASKS, RewardTask
+from helpers import REPO_ROOT, running_reward_server, serving, serving_in_production, small_run_argv
+from llm.alignment.ppo import run_ppo
+from llm.alignment.ppo.reward_server import API_KEY_ENV, create_app
+from llm.alignment.ppo.rewards import REWARD_TASKS, RewardTask, get_reward_task
+from llm.alignment.ppo.rewards.scoring import ServerRewardScorer, build_reward_scorer
+
+TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
 
 MAX_BATCH = 8
 MAX_CONTENT_LENGTH = 16 * 1024
+MAX_ITEM_CHARS = 4096
 
 TGT = "(1) Zoey is a knight\n(2) Oliver is a knave"
 RIGHT = "Zoey is honest.</think>\n<answer>(1) Zoey is a knight\n(2) Oliver is a knave</answer><|im_end|>"
@@ -29,7 +37,9 @@ SRC = "<|im_start|>user\nZoey says ...<|im_end|>\n<|im_start|>assistant\n<think>
 
 @pytest.fixture(scope="module")
 def server_url():
-    with running_reward_server("kk", max_batch=MAX_BATCH, max_content_length=MAX_CONTENT_LENGTH) as url:
+    """The kk reward app as reward_server.py serves it (waitress)."""
+    app = create_app("kk", max_batch=MAX_BATCH, max_content_length=MAX_CONTENT_LENGTH, max_item_chars=MAX_ITEM_CHARS)
+    with serving_in_production(app) as url:
         yield url
 
 
@@ -87,10 +97,16 @@ BAD_REQUESTS = {
     ),
     "batch_too_large": (batch(*[RIGHT] * (MAX_BATCH + 1)), 413, [f"{MAX_BATCH + 1} items", f"max_batch={MAX_BATCH}"]),
     "body_too_large": (batch("x" * (MAX_CONTENT_LENGTH + 1)), 413, [f"max_content_length={MAX_CONTENT_LENGTH}"]),
-    "reward_raises": (
+    "item_too_long": (
+        batch(RIGHT, "x" * (MAX_ITEM_CHARS + 1)),
+        413,
+        [f"response[1] has {MAX_ITEM_CHARS + 1} characters, over max_item_chars={MAX_ITEM_CHARS}"],
+    ),
+    "nested_too_deeply": ("[" * 8000 + "]" * 8000, 400, ["nested too deeply"]),
+    "unreadable_tgt": (
         {"src": [SRC, SRC], "tgt": [TGT, "nonsense"], "response": [RIGHT, RIGHT]},
-        422,
-        ["reward 'kk' cannot score item 1", "tgt='nonsense'"],
+        400,
+        ["reward 'kk' cannot score item 1", "tgt='nonsense'", "TargetError"],
     ),
 }
 
@@ -202,12 +218,24 @@ def retry_warnings():
 ARITH_BATCH = (["1+2=", "2+2=", "3+2=", "4+2="], ["3", "4", "5", "abc"], ["3", "4", "5", "12"])
 
 
-def test_server_answers_422_naming_the_item_it_cannot_score_and_its_values():
+def test_server_answers_400_naming_the_item_whose_tgt_the_rule_cannot_read_and_its_values():
     with running_reward_server("arith") as url:
         src, tgt, response = ARITH_BATCH
         answer = post(url, {"src": src, "tgt": tgt, "response": response})
     item = "item 3 (src='4+2=', tgt='abc', response='12')"
-    assert_error(answer, 422, f"reward 'arith' cannot score {item}: ValueError: invalid literal")
+    assert_error(answer, 400, f"reward 'arith' cannot score {item}: TargetError: arith tgt 'abc' is not an integer")
+
+
+def test_server_answers_422_naming_the_item_a_rule_fails_on(monkeypatch):
+    def fails_on_bad(src, tgt, response):
+        if response == "bad":
+            raise KeyError("lookup table")
+        return 1.0
+
+    monkeypatch.setitem(REWARD_TASKS, "fails_on_bad", RewardTask("fails_on_bad", fails_on_bad, 1.0))
+    with running_reward_server("fails_on_bad") as url:
+        answer = post(url, {"src": ["a", "b"], "tgt": ["x", "y"], "response": ["good", "bad"]})
+    assert_error(answer, 422, "cannot score item 1 (src='b', tgt='y', response='bad'): KeyError: 'lookup table'")
 
 
 def test_server_answers_422_naming_the_item_given_a_non_finite_score(monkeypatch):
@@ -223,7 +251,7 @@ def test_client_does_not_retry_an_item_the_server_cannot_score(monkeypatch, retr
     monkeypatch.setattr(reward_client.time, "sleep", sleeps.append)
     with counting_requests(create_app("arith")) as (url, received):
         client = RewardServerClient(url, timeout=5, max_retries=3, backoff=0)
-        with pytest.raises(RewardServerError, match=r"HTTP 422: reward 'arith' cannot score item 3 \(.*tgt='abc'"):
+        with pytest.raises(RewardServerError, match=r"HTTP 400: reward 'arith' cannot score item 3 \(.*tgt='abc'"):
             client.score(*ARITH_BATCH)
     assert received == ["/"] and sleeps == [] and retry_warnings == []
 
@@ -323,3 +351,152 @@ def test_create_app_rejects_unknown_task_and_bad_limits():
         create_app("chess")
     with pytest.raises(ValueError, match="max_batch"):
         create_app("kk", max_batch=0)
+
+
+# ---------------------------------------------------------------- rules as served
+
+
+def test_kk_server_scores_the_issue_parity_cases_as_paddlenlp_and_kk_strict_as_before():
+    text_after_answer = RIGHT + "\nI hope this helps!"
+    knight_not_a_knave = "Hm.</think>\n<answer>(1) Zoey is a knight, not a knave\n(2) Oliver is a knave</answer>"
+    for task, expected in [("kk", [3.0, -1.0]), ("kk_strict", [-3.0, 3.0])]:
+        with running_reward_server(task) as url:
+            assert post(url, batch(text_after_answer, knight_not_a_knave)).json()["score"] == expected
+
+
+GSM8K_TGT = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72"
+
+
+def test_math_server_reads_gsm8k_answers_and_bare_numbers_and_names_an_unreadable_tgt():
+    with running_reward_server("math") as url:
+        answer = post(url, {"src": ["q"] * 3, "tgt": [GSM8K_TGT, "72", "72"], "response": ["#### 72", "so 72", "#### 7"]})
+        assert answer.json()["score"] == [1.0, 1.0, 0.0]
+        answer = post(url, {"src": ["q", "q"], "tgt": ["72", "seventy-two"], "response": ["72", "72"]})
+    assert_error(answer, 400, "cannot score item 1", "tgt='seventy-two'", "'#### NUMBER'")
+
+
+# ---------------------------------------------------------------- authentication
+
+
+@pytest.fixture(scope="module")
+def key_server_url():
+    with running_reward_server("kk", api_key="s3cret") as url:
+        yield url
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}])
+def test_server_with_api_key_refuses_requests_without_it(key_server_url, headers):
+    answer = requests.post(key_server_url + "/", json=batch(RIGHT), headers=headers, timeout=10)
+    assert_error(answer, 401, "missing or wrong API key", "Authorization: Bearer")
+    assert_error(requests.get(key_server_url + "/health", headers=headers, timeout=10), 401)
+
+
+def test_server_with_api_key_serves_requests_carrying_it(key_server_url):
+    answer = requests.post(key_server_url + "/", json=batch(RIGHT), headers={"Authorization": "Bearer s3cret"}, timeout=10)
+    assert answer.json() == {"error_code": 0, "error_msg": "Success", "score": [3.0]}
+
+
+def test_trainer_client_sends_the_key_from_the_environment(key_server_url, monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, "s3cret")
+    args = SimpleNamespace(
+        use_rule_reward=False, reward_server=key_server_url, reward_server_timeout=5, reward_server_max_retries=0, reward_task="kk"
+    )
+    scorer = build_reward_scorer(args)
+    assert scorer.max_score == 3.0
+    exp = SimpleNamespace(prompts=[SRC], labels=[TGT], responses=[RIGHT])
+    assert scorer.score(exp) == [3.0]
+    with pytest.raises(RewardServerError, match="HTTP 401: missing or wrong API key"):
+        RewardServerClient(key_server_url, timeout=5, api_key="wrong").score([SRC], [TGT], [RIGHT])
+
+
+def test_create_app_rejects_an_empty_api_key():
+    with pytest.raises(ValueError, match="api_key must not be empty"):
+        create_app("kk", api_key="")
+
+
+# ---------------------------------------------------------------- servers without /health (PaddleNLP's)
+
+
+def protocol_only_app(environ, start_response):
+    """A minimal WSGI reward server of the arith task with only `POST /`, as PaddleNLP's has no /health."""
+    if (environ["REQUEST_METHOD"], environ["PATH_INFO"]) != ("POST", "/"):
+        start_response("404 Not Found", [("Content-Type", "application/json")])
+        return [b'{"detail": "Not Found"}']
+    body = json.loads(environ["wsgi.input"].read(int(environ["CONTENT_LENGTH"])))
+    scores = get_reward_task("arith").score_batch(body["src"], body["tgt"], body["response"])
+    start_response("200 OK", [("Content-Type", "application/json")])
+    return [json.dumps({"error_code": 0, "error_msg": "Success", "score": scores}).encode()]
+
+
+def test_scorer_without_health_takes_max_score_from_reward_task_and_with_health_checks_its_task(server_url):
+    with serving(protocol_only_app) as url:
+        client = RewardServerClient(url, timeout=5, max_retries=0)
+        assert client.health() is None
+        assert ServerRewardScorer(client, "arith").max_score == 1.0
+        with pytest.raises(ValueError, match="unknown reward task 'chess'"):
+            ServerRewardScorer(client, "chess")
+    with pytest.raises(ValueError, match="scores task 'kk', but reward_task='arith'"):
+        ServerRewardScorer(RewardServerClient(server_url, timeout=5), "arith")
+
+
+def test_trainer_runs_two_steps_against_a_server_without_health(tiny_world, tmp_path):
+    with serving(protocol_only_app) as url:
+        argv = small_run_argv(
+            tiny_world, str(tmp_path), max_steps=2, use_rm_server=True, use_rule_reward=False, reward_server=url, reward_task="arith"
+        )
+        run_ppo.main([TINY_CONFIG, *argv])
+    state = json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+
+
+# ---------------------------------------------------------------- the production WSGI server
+
+
+def raw_post(url, body):
+    """POST `body` on a fresh connection; (seconds to connect, HTTP status line, body)."""
+    host, port = url.removeprefix("http://").split(":")
+    start = time.perf_counter()
+    with socket.create_connection((host, int(port)), timeout=30) as connection:
+        connected = time.perf_counter() - start
+        data = json.dumps(body).encode()
+        head = f"POST / HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+        connection.sendall(head.encode() + data)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    return connected, head.split(b"\r\n")[0].decode(), json.loads(payload)
+
+
+def test_three_hundred_concurrent_requests_connect_at_once_and_are_all_answered(server_url):
+    barrier = threading.Barrier(300)
+
+    def one_request(index):
+        barrier.wait()
+        return raw_post(server_url, batch(*[RIGHT, WRONG_ROLE][: index % 2 + 1]))
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=300) as pool:
+        results = list(pool.map(one_request, range(300)))
+    elapsed = time.perf_counter() - start
+    connect_times = [connected for connected, _, _ in results]
+    print(f"300 concurrent requests: {elapsed:.2f} s, slowest connect {max(connect_times) * 1000:.0f} ms")
+    assert max(connect_times) < 1.0  # a full backlog would drop SYNs, retried after 1 s
+    for index, (_, status, body) in enumerate(results):
+        assert status == "HTTP/1.1 200 OK" and body["score"] == [3.0, -0.5][: index % 2 + 1]
+
+
+def test_stalled_connections_hold_no_worker_and_are_closed_after_the_timeout():
+    with serving_in_production(create_app("kk"), threads=2, connection_timeout=1) as url:
+        host, port = url.removeprefix("http://").split(":")
+        stalled = [socket.create_connection((host, int(port)), timeout=10) for _ in range(100)]
+        for connection in stalled:  # headers promising a body that never comes
+            connection.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        start = time.perf_counter()
+        assert post(url, batch(RIGHT)).json()["score"] == [3.0]
+        assert time.perf_counter() - start < 1.0
+        start = time.perf_counter()
+        for connection in stalled:
+            with connection:
+                assert connection.recv(1024) == b""  # closed by the server, not by our timeout
+        assert time.perf_counter() - start < 5.0

@@ -6,17 +6,27 @@ of the protocol with a non-zero error_code is the server's verdict on the data (
 an item it cannot score, a 500 of its own): it raises `RewardServerError` at once with the server's
 message, since asking again would get the same answer. It never returns made-up scores: training on
 rewards that were never computed would be silently wrong.
+
+With an API key (the `api_key` argument, else the REWARD_SERVER_API_KEY environment variable) every
+request carries `Authorization: Bearer <key>`, as the reward server started with `--api_key` requires.
 """
 
 import math
+import os
 import time
 
 import requests
 from paddlenlp.utils.log import logger
 
+from llm.alignment.ppo.reward_server import API_KEY_ENV
+
 
 class RewardServerError(RuntimeError):
-    """The reward server refused a request, answered nonsense, or stayed unreachable."""
+    """The reward server refused a request (`status_code` its HTTP status), answered nonsense, or stayed unreachable."""
+
+    def __init__(self, message, status_code=None):
+        super().__init__(message)
+        self.status_code = status_code
 
 
 class RetryableError(Exception):
@@ -24,7 +34,7 @@ class RetryableError(Exception):
 
 
 class RewardServerClient:
-    def __init__(self, url, timeout=30.0, max_retries=3, backoff=1.0):
+    def __init__(self, url, timeout=30.0, max_retries=3, backoff=1.0, api_key=None):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"reward server url must start with http:// or https://, got {url!r}")
         if timeout <= 0:
@@ -38,10 +48,18 @@ class RewardServerClient:
         self.max_retries = max_retries
         self.backoff = backoff
         self.session = requests.Session()
+        api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        if api_key:
+            self.session.headers["Authorization"] = f"Bearer {api_key}"
 
     def health(self):
-        """The server's `{"status", "task", "max_score"}`."""
-        return self._request("GET", "/health")
+        """The server's `{"status", "task", "max_score"}`, or None from a server without GET /health (PaddleNLP's)."""
+        try:
+            return self._request("GET", "/health")
+        except RewardServerError as error:
+            if error.status_code in (404, 405):
+                return None
+            raise
 
     def score(self, src, tgt, response):
         """One float per response, in order."""
@@ -86,7 +104,9 @@ class RewardServerClient:
             raise RetryableError(f"HTTP {answer.status_code}: {message}")
         where = f"reward server at {self.url} ({method} {path})"
         if answer.status_code >= 400:
-            raise RewardServerError(f"{where} rejected the request with HTTP {answer.status_code}: {message}")
+            raise RewardServerError(
+                f"{where} rejected the request with HTTP {answer.status_code}: {message}", answer.status_code
+            )
         if body is None:
             raise RewardServerError(f"{where} answered with something other than a JSON object: {message}")
         if body.get("error_code", 0) != 0:

@@ -1,23 +1,32 @@
-"""Flask server scoring responses with a rule reward from `rewards/` (PaddleNLP-compatible protocol).
+"""Reward server scoring responses with a rule reward from `rewards/` (PaddleNLP-compatible protocol).
 
     python llm/alignment/ppo/reward_server.py --task kk --host 127.0.0.1 --port 8731
 
 POST /        {"src": [str], "tgt": [str], "response": [str]}
               -> 200 {"error_code": 0, "error_msg": "Success", "score": [float]}
-GET  /health  -> 200 {"status": "ok", "task": str, "max_score": float}
+GET  /health  -> 200 {"status": "ok", "task": str, "max_score": float}   (optional for clients: PaddleNLP's has none)
 Any failure   -> 4xx/5xx {"error_code": <the HTTP status>, "error_msg": str, "score": []}
 
-A bad request (malformed JSON, missing keys, wrong types, unequal lengths) gets 400, too many items or
-bytes 413. An item the reward cannot score (its rule raises, or gives a non-finite score) gets 422,
-with an error_msg naming the task, the item's index and its src/tgt/response (each cut to 200 chars):
-    reward 'arith' cannot score item 3 (src='1+2=', tgt='abc', response='12'): ValueError: ...
+A bad request (malformed or too deeply nested JSON, missing keys, wrong types, unequal lengths, a tgt the
+task's rule cannot read) gets 400, too many items, bytes or characters in one item 413, a missing or
+wrong API key 401. An item the rule cannot score otherwise (it raises, or gives a non-finite score) gets
+422. Errors about an item name the task, the item's index and its src/tgt/response (each cut to 200 chars):
+    reward 'arith' cannot score item 3 (src='4+2=', tgt='abc', response='12'): TargetError: ...
 An unexpected error in the server gets 500. Every answer of this protocol is final for its request:
 clients retry only outages, such as a proxy's 502/503/504 with a body that is not of this protocol.
+
+It serves with waitress, a production WSGI server: connections idle for `--connection_timeout` seconds
+are closed (a stalled client holds no worker thread meanwhile), and the listen backlog and connection
+limit take hundreds of concurrent trainer ranks. With `--api_key` (or the REWARD_SERVER_API_KEY
+environment variable) every request must carry `Authorization: Bearer <key>`, as the trainer's client
+sends when that variable is set.
 """
 
 import argparse
+import hmac
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -25,6 +34,7 @@ if not __package__:
     # Run as a script path: make the `llm` package importable from the repository root.
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+import waitress  # noqa: E402
 from flask import Flask, jsonify, request  # noqa: E402
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge  # noqa: E402
 
@@ -33,8 +43,12 @@ from llm.alignment.ppo.rewards import REWARD_TASKS, RewardInputError, get_reward
 logger = logging.getLogger(__name__)
 
 REQUEST_KEYS = ("src", "tgt", "response")
+API_KEY_ENV = "REWARD_SERVER_API_KEY"  # read by the server and by the trainer's client
 DEFAULT_MAX_BATCH = 4096
 DEFAULT_MAX_CONTENT_LENGTH = 64 * 1024 * 1024
+# Far above a response of 32k tokens; rules are linear, so this bounds one item's scoring time.
+DEFAULT_MAX_ITEM_CHARS = 256 * 1024
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 JSON_TYPE_NAMES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
@@ -55,12 +69,14 @@ def json_type(value):
     return JSON_TYPE_NAMES.get(type(value), "null")
 
 
-def parse_batch(raw_body, max_batch):
+def parse_batch(raw_body, max_batch, max_item_chars):
     """The src, tgt and response lists of a request body, checked."""
     try:
         body = json.loads(raw_body)
     except ValueError as error:  # also bodies that are not UTF-8
         raise RequestError(400, f"request body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise RequestError(400, "request body is JSON nested too deeply") from None
     if not isinstance(body, dict):
         raise RequestError(
             400, f"request body must be a JSON object with keys {list(REQUEST_KEYS)}, got {json_type(body)}"
@@ -75,6 +91,8 @@ def parse_batch(raw_body, max_batch):
         for index, item in enumerate(column):
             if not isinstance(item, str):
                 raise RequestError(400, f"{key}[{index}] must be a string, got {json_type(item)}")
+            if len(item) > max_item_chars:
+                raise RequestError(413, f"{key}[{index}] has {len(item)} characters, over max_item_chars={max_item_chars}")
         columns.append(column)
     lengths = [len(column) for column in columns]
     if len(set(lengths)) > 1:
@@ -85,15 +103,31 @@ def parse_batch(raw_body, max_batch):
     return columns
 
 
-def create_app(task_name, max_batch=DEFAULT_MAX_BATCH, max_content_length=DEFAULT_MAX_CONTENT_LENGTH):
-    """A Flask app scoring with the registered reward `task_name`."""
+def create_app(
+    task_name,
+    max_batch=DEFAULT_MAX_BATCH,
+    max_content_length=DEFAULT_MAX_CONTENT_LENGTH,
+    max_item_chars=DEFAULT_MAX_ITEM_CHARS,
+    api_key=None,
+):
+    """A Flask app scoring with the registered reward `task_name`; with `api_key`, only for requests carrying it."""
     task = get_reward_task(task_name)
-    if max_batch < 1:
-        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-    if max_content_length < 1:
-        raise ValueError(f"max_content_length must be >= 1, got {max_content_length}")
+    for name, value in (("max_batch", max_batch), ("max_content_length", max_content_length), ("max_item_chars", max_item_chars)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if api_key is not None and not api_key:
+        raise ValueError("api_key must not be empty; leave it unset to serve without authentication")
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = max_content_length
+
+    if api_key is not None:
+        expected_header = f"Bearer {api_key}".encode()
+
+        @app.before_request
+        def authenticate():
+            sent = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(sent, expected_header):
+                raise RequestError(401, "missing or wrong API key: send the header 'Authorization: Bearer <api_key>'")
 
     @app.post("/")
     def score():
@@ -101,13 +135,13 @@ def create_app(task_name, max_batch=DEFAULT_MAX_BATCH, max_content_length=DEFAUL
         if len(raw_body) == max_content_length:
             # A chunked body is cut at the limit, not refused: reading past it raises the 413.
             request.stream.read(1)
-        src, tgt, response = parse_batch(raw_body, max_batch)
+        src, tgt, response = parse_batch(raw_body, max_batch, max_item_chars)
         try:
             scores = task.score_batch(src, tgt, response)
         except RewardInputError as error:
             logger.exception("%s", error)
-            # 422, not 500: the data cannot be scored, so a client must not retry it as an outage.
-            raise RequestError(422, str(error)) from error
+            # 4xx, not 500: the data cannot be scored, so a client must not retry it as an outage.
+            raise RequestError(400 if error.unreadable_target else 422, str(error)) from error
         return reply(200, "Success", scores)
 
     @app.get("/health")
@@ -134,6 +168,23 @@ def create_app(task_name, max_batch=DEFAULT_MAX_BATCH, max_content_length=DEFAUL
     return app
 
 
+def create_wsgi_server(app, host, port, threads=8, connection_timeout=60, backlog=2048, max_connections=1000):
+    """A waitress server for `app` (not yet running: call `.run()`); port 0 picks a free one (`.effective_port`)."""
+    return waitress.create_server(
+        app,
+        host=host,
+        port=port,
+        threads=threads,
+        channel_timeout=connection_timeout,
+        # Idle connections are looked for this often, so a stalled one closes within twice the timeout.
+        cleanup_interval=max(1, min(30, connection_timeout)),
+        backlog=backlog,
+        connection_limit=max_connections,
+        asyncore_use_poll=True,  # select() fails past 1024 open sockets
+        clear_untrusted_proxy_headers=True,
+    )
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", required=True, choices=sorted(REWARD_TASKS), help="registered reward task")
@@ -141,13 +192,30 @@ def main(argv=None):
     parser.add_argument("--port", type=int, default=8731)
     parser.add_argument("--max_batch", type=int, default=DEFAULT_MAX_BATCH, help="most items in one request")
     parser.add_argument("--max_content_length", type=int, default=DEFAULT_MAX_CONTENT_LENGTH, help="bytes")
+    parser.add_argument("--max_item_chars", type=int, default=DEFAULT_MAX_ITEM_CHARS, help="most characters in one src/tgt/response")
+    parser.add_argument(
+        "--api_key", default=os.environ.get(API_KEY_ENV), help=f"shared secret clients must send (default: ${API_KEY_ENV})"
+    )
+    parser.add_argument("--threads", type=int, default=8, help="worker threads scoring requests")
+    parser.add_argument("--connection_timeout", type=int, default=60, help="seconds before an idle connection is closed")
+    parser.add_argument("--backlog", type=int, default=2048, help="connections the OS queues before accepting")
+    parser.add_argument("--max_connections", type=int, default=1000, help="open connections served at once")
     args = parser.parse_args(argv)
+    for name in ("threads", "connection_timeout", "backlog", "max_connections"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     try:
-        app = create_app(args.task, args.max_batch, args.max_content_length)
+        app = create_app(args.task, args.max_batch, args.max_content_length, args.max_item_chars, args.api_key)
     except ValueError as error:
         parser.error(str(error))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app.run(host=args.host, port=args.port, threaded=True)
+    if args.api_key is None and args.host not in LOOPBACK_HOSTS:
+        logger.warning("serving on %s without --api_key: anyone who reaches this port can use it", args.host)
+    server = create_wsgi_server(
+        app, args.host, args.port, args.threads, args.connection_timeout, args.backlog, args.max_connections
+    )
+    logger.info("reward task %r served on http://%s:%s", args.task, args.host, args.port)
+    server.run()
 
 
 if __name__ == "__main__":

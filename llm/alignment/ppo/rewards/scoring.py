@@ -6,6 +6,7 @@ trainer uses to report accuracy.
 """
 
 import paddle
+from paddlenlp.utils.log import logger
 
 from llm.alignment.ppo.data.datasets import encode_completion, pad_right
 from llm.alignment.ppo.models.tensor_parallel import whole
@@ -24,14 +25,35 @@ class RuleRewardScorer:
 
 
 class ServerRewardScorer:
-    """Scores through the reward server (`use_rm_server`); its /health tells the task's max score."""
+    """Scores through a reward server (`use_rm_server`) of task `task_name` (`reward_task`).
 
-    def __init__(self, client):
+    The max score comes from the server's /health, which must report that task; a server without
+    /health (PaddleNLP's) is taken to score `task_name`, whose registered rule gives the max score.
+    """
+
+    def __init__(self, client, task_name):
         self.client = client
-        self.max_score = float(client.health()["max_score"])
+        self.max_score = server_max_score(client, task_name)
 
     def score(self, exp):
         return self.client.score(exp.prompts, exp.labels, exp.responses)
+
+
+def server_max_score(client, task_name):
+    health = client.health()
+    if health is None:
+        max_score = get_reward_task(task_name).max_score
+        logger.info(
+            f"reward server at {client.url} has no GET /health (as PaddleNLP's); "
+            f"accuracy counts scores >= {max_score:g}, the max score of reward_task={task_name!r}"
+        )
+        return max_score
+    if health.get("task") != task_name:
+        raise ValueError(
+            f"reward server at {client.url} scores task {health.get('task')!r}, but reward_task={task_name!r}; "
+            f"start the server with --task {task_name} or set reward_task to its task"
+        )
+    return float(health["max_score"])
 
 
 class RewardModelScorer:
@@ -65,4 +87,4 @@ def build_reward_scorer(args, reward_model=None, reward_tokenizer=None):
     from llm.alignment.ppo.reward_client import RewardServerClient
 
     client = RewardServerClient(args.reward_server, timeout=args.reward_server_timeout, max_retries=args.reward_server_max_retries)
-    return ServerRewardScorer(client)
+    return ServerRewardScorer(client, args.reward_task)

@@ -217,14 +217,21 @@ def test_sharding_run_restarted_after_a_crash_ends_exactly_as_the_uninterrupted_
     os.makedirs(crashed)
     shutil.copytree(output_dir / "checkpoint-2", crashed / "checkpoint-2")
     logs = launch_two_processes(TINY_CONFIG, sharded_argv(tiny_world, crashed), tmp_path / "log")
-    assert f"resumed from {crashed / 'checkpoint-2'} at step 2" in logs[0]
-    assert step_metrics(logs[0]) == straight_metrics[2:]
-    resumed, straight = (paddle.load(str(out / "policy" / "model_state.pdparams")) for out in (crashed, output_dir))
+    assert_resumed_run_ends_as_uninterrupted(logs[0], crashed, output_dir, straight_metrics, "shard")
+
+
+def assert_resumed_run_ends_as_uninterrupted(log, resumed_dir, straight_dir, straight_metrics, part):
+    """A run resumed from checkpoint-2 into `resumed_dir` (rank 0's worker `log`) against the uninterrupted run in
+    `straight_dir`: steps 3-4 logged the same metrics, and the final policy and both ranks' optimizer files
+    (optimizer.<part>0N.pdopt of checkpoint-4) are equal bit for bit."""
+    assert f"resumed from {resumed_dir / 'checkpoint-2'} at step 2" in log
+    assert step_metrics(log) == straight_metrics[2:]
+    resumed, straight = (paddle.load(str(out / "policy" / "model_state.pdparams")) for out in (resumed_dir, straight_dir))
     for name, value in straight.items():
         np.testing.assert_array_equal(resumed[name].numpy(), value.numpy(), err_msg=name)
     for rank in (0, 1):
-        name = f"checkpoint-4/optimizer.shard0{rank}.pdopt"
-        resumed_state, straight_state = optimizer_arrays(crashed / name), optimizer_arrays(output_dir / name)
+        name = f"checkpoint-4/optimizer.{part}0{rank}.pdopt"
+        resumed_state, straight_state = optimizer_arrays(resumed_dir / name), optimizer_arrays(straight_dir / name)
         assert resumed_state.keys() == straight_state.keys()
         for key, value in straight_state.items():
             np.testing.assert_array_equal(resumed_state[key], value, err_msg=f"{name} {key}")

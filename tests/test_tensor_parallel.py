@@ -13,7 +13,7 @@ import pytest
 from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
 
 from helpers import REPO_ROOT, launch_two_processes, run_probe, small_run_argv
-from test_parallel import first_step, optimizer_arrays, step_metrics
+from test_parallel import assert_resumed_run_ends_as_uninterrupted, first_step, optimizer_arrays, step_metrics
 
 PROBES = os.path.join(REPO_ROOT, "tests", "probes")
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
@@ -128,14 +128,4 @@ def test_tensor_parallel_run_restarted_after_a_crash_ends_exactly_as_the_uninter
     crashed = tmp_path / "out"
     shutil.copytree(output_dir / "checkpoint-2", crashed / "checkpoint-2")
     logs = launch_two_processes(TINY_CONFIG, tensor_parallel_argv(tiny_world, crashed), tmp_path / "log")
-    assert f"resumed from {crashed / 'checkpoint-2'} at step 2" in logs[0]
-    assert step_metrics(logs[0]) == straight_metrics[2:]
-    resumed, straight = (paddle.load(str(out / "policy" / "model_state.pdparams")) for out in (crashed, output_dir))
-    for name, value in straight.items():
-        np.testing.assert_array_equal(resumed[name].numpy(), value.numpy(), err_msg=name)
-    for rank in (0, 1):
-        name = f"checkpoint-4/optimizer.tp0{rank}.pdopt"
-        resumed_state, straight_state = optimizer_arrays(crashed / name), optimizer_arrays(output_dir / name)
-        assert resumed_state.keys() == straight_state.keys()
-        for key, value in straight_state.items():
-            np.testing.assert_array_equal(resumed_state[key], value, err_msg=f"{name} {key}")
+    assert_resumed_run_ends_as_uninterrupted(logs[0], crashed, output_dir, straight_metrics, "tp")

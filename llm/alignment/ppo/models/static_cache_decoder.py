@@ -42,12 +42,12 @@ def unsupported_reason(model):
 def concat_columns(linears):
     """One (weight, bias) computing all `linears` on the same input (this rank's columns of each);
     bias None when none has one."""
-    weight = paddle.concat([local_value(linear.weight) for linear in linears], axis=1)
+    weights = [local_value(linear.weight) for linear in linears]
     biases = [None if linear.bias is None else local_value(linear.bias) for linear in linears]
     bias = None if all(b is None for b in biases) else paddle.concat(
-        [b if b is not None else paddle.zeros([w.shape[1]], w.dtype) for b, w in zip(biases, [local_value(l.weight) for l in linears])]
+        [b if b is not None else paddle.zeros([w.shape[1]], w.dtype) for b, w in zip(biases, weights)]
     )
-    return weight, bias
+    return paddle.concat(weights, axis=1), bias
 
 
 class RowParallelLinear:

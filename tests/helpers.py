@@ -1,6 +1,7 @@
 """Shared test helpers: a reward server on a loopback port, and the tiny world on disk."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -15,6 +16,19 @@ from llm.alignment.rm import run_reward
 from llm.tools.build_tiny_model import build_tiny_model
 from llm.tools.build_tokenizer import build_tokenizer
 from llm.tools.gen_arith import generate
+
+
+@contextmanager
+def paddlenlp_messages():
+    """Messages paddlenlp's logger (which does not propagate to the root logger) emits meanwhile."""
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("PaddleNLP").addHandler(handler)
+    try:
+        yield records
+    finally:
+        logging.getLogger("PaddleNLP").removeHandler(handler)
 
 
 def running_reward_server(task, **app_options):

@@ -508,13 +508,18 @@ def test_prompt_only_require_label(tmp_path, tokenizer):
     assert [item["label"] for item in dataset] == ["2", ""]
 
 
-def test_prompt_only_skips_long_prompts_and_caps_samples(tmp_path, tokenizer):
+def test_prompt_only_truncates_or_skips_long_prompts_and_caps_samples(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "p.jsonl", [{"src": "abc"}, {"src": "abcdef"}, {"src": "de"}, {"src": "f"}])
+    # PaddleNLP's RLHFDataset: a long prompt keeps its first max_prompt_len tokens; the text stays whole.
     dataset = PromptOnlyDataset(path, tokenizer, max_prompt_len=3)
-    assert [item["prompt"] for item in dataset] == ["abc", "de", "f"] and dataset.dropped == 1
-    assert [item["prompt"] for item in PromptOnlyDataset(path, tokenizer, max_prompt_len=3, max_samples=2)] == ["abc", "de"]
+    assert [item["prompt"] for item in dataset] == ["abc", "abcdef", "de", "f"] and dataset.truncated == 1
+    assert dataset[1]["input_ids"] == tokenizer("abc", add_special_tokens=False)["input_ids"]
+    skipping = PromptOnlyDataset(path, tokenizer, max_prompt_len=3, filter_overlong_prompts=True)
+    assert [item["prompt"] for item in skipping] == ["abc", "de", "f"] and skipping.dropped == 1
+    capped = PromptOnlyDataset(path, tokenizer, max_prompt_len=3, max_samples=2, filter_overlong_prompts=True)
+    assert [item["prompt"] for item in capped] == ["abc", "de"]
     with pytest.raises(ValueError, match=r"no usable example \(4 dropped"):
-        PromptOnlyDataset(path, tokenizer, max_prompt_len=0)
+        PromptOnlyDataset(path, tokenizer, max_prompt_len=0, filter_overlong_prompts=True)
 
 
 # ---------------------------------------------------------------- 6. mixing

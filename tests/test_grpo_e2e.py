@@ -59,7 +59,7 @@ def test_three_grpo_steps_through_the_reward_server(tiny_world, tmp_path):
 
 def test_rloo_with_gspo_loss_and_entropy_bonus_trains(tiny_world, tmp_path):
     run_grpo(
-        tiny_world, tmp_path, rl_algorithm="rloo", policy_loss="gspo", overlong_reward_buffer=2, clip_range_ratio_low=0.0003,
+        tiny_world, tmp_path, rl_algorithm="rloo", policy_loss="gspo", enable_overlong_reward_buffer=True, overlong_reward_buffer=2, clip_range_ratio_low=0.0003,
         clip_range_ratio_high=0.0004, loss_agg_mode="seq-mean-token-mean", entropy_coeff=0.01, update_iters=2,
         eval_steps=0,
     )
@@ -100,7 +100,7 @@ def test_run_stops_when_the_reward_server_is_down(tiny_world, tmp_path):
 def test_fixed_seed_runs_are_identical_and_resume_continues_exactly(tiny_world, tmp_path):
     # Two optimizer steps per RL step (update_iters=2), so old log-probs come from a separate forward;
     # dynamic sampling draws a varying number of prompt batches per step, which resume must replay.
-    common = {"max_steps": 4, "update_iters": 2, "eval_steps": 0, "max_gen_batches": 3}
+    common = {"max_steps": 4, "update_iters": 2, "eval_steps": 0, "dynamic_sampling": True, "max_gen_batches": 3}
     run_grpo(tiny_world, tmp_path / "straight", **common)
     run_grpo(tiny_world, tmp_path / "again", **common)
     straight = weights(tmp_path / "straight" / "policy")

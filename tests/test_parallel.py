@@ -13,7 +13,7 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM
 
-from helpers import REPO_ROOT, launch_two_processes, run_probe, small_run_argv
+from helpers import REPO_ROOT, launch_two_processes, paddlenlp_messages, run_probe, small_run_argv
 from llm.alignment.ppo.arguments import check_parallel_degrees
 
 PROBES = os.path.join(REPO_ROOT, "tests", "probes")
@@ -51,7 +51,6 @@ def test_parallel_layouts_of_eight_gpus_pass(changes):
             "tensor_parallel_degree=2 x pipeline_parallel_degree=2 x sharding_parallel_degree=4 = 16",
         ),
         ({"tensor_parallel_degree": 2}, 1, "does not divide the 1 launched"),
-        ({"sequence_parallel": True, "tensor_parallel_degree": 8}, 8, "sequence_parallel: the tensor-parallel plan splits weights, not activations"),
         ({"tensor_parallel_degree": 2}, 8, "tensor parallel runs alone .* launch 2 processes, or use sharding stage1"),
         ({"tensor_parallel_degree": 2, "sharding": "stage1", "sharding_parallel_degree": 4}, 8, "tensor parallel runs alone"),
     ],
@@ -59,6 +58,20 @@ def test_parallel_layouts_of_eight_gpus_pass(changes):
 def test_inconsistent_parallel_degrees_fail_naming_the_keys(changes, world, message):
     with pytest.raises(ValueError, match=message):
         check_parallel_degrees(layout(**changes), world_size=world, on_accelerator=True)
+
+
+def test_sequence_parallel_and_one_rank_sharding_are_switched_off_with_a_log_line():
+    for degree in (8, 1):
+        args = layout(sequence_parallel=True, tensor_parallel_degree=degree)
+        with paddlenlp_messages() as lines:
+            check_parallel_degrees(args, world_size=degree, on_accelerator=True)
+        assert args.sequence_parallel is False
+        assert any(line.startswith("sequence_parallel=True has no effect") for line in lines), lines
+    # PaddleNLP's rm config (sharding stage2) adapted to one CPU process: stage 2 over one rank does nothing.
+    args = layout(sharding="stage2", sharding_parallel_degree=1)
+    with paddlenlp_messages() as lines:
+        check_parallel_degrees(args, world_size=1, on_accelerator=False)
+    assert args.sharding == "" and any("over one rank has no effect" in line for line in lines), lines
 
 
 def test_tensor_parallel_runs_on_cpu():
@@ -77,8 +90,8 @@ def test_a_cpu_config_with_tensor_parallel_stops_at_parse(tmp_path):
 
     with pytest.raises(ValueError, match="tensor_parallel_degree=2 .* does not divide the 1 launched"):
         parse(tmp_path, tensor_parallel_degree=2)
-    with pytest.raises(ValueError, match="need GPUs"):
-        parse(tmp_path, sharding="stage2")
+    # One process: sharding (even stage 2) has no rank to shard over and is switched off.
+    assert not parse(tmp_path, sharding="stage2")[2].sharding
 
 
 def first_step(world, tmp_path, run, processes, data_ranks=None, **changes):

@@ -115,7 +115,7 @@ def test_ppo_with_rule_reward_ptx_and_missing_eos_penalty(tiny_world, tmp_path):
 
 def test_dynamic_sampling_fills_the_batch_with_groups_that_carry_signal(tiny_world, tmp_path):
     trainer = ppo_trainer(
-        tiny_world, None, str(tmp_path), rl_algorithm="grpo", max_gen_batches=4, save_steps=0, kl_coeff=0.0,
+        tiny_world, None, str(tmp_path), rl_algorithm="grpo", dynamic_sampling=True, max_gen_batches=4, save_steps=0, kl_coeff=0.0,
     )
     batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size)
     trainer.prepare_training()

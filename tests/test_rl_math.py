@@ -1,16 +1,14 @@
 """The RL math where it used to depart from the reference implementations (verl, TRL, OpenRLHF): each
 test ports the reference formula to NumPy or uses a number worked out by hand, and failed before the fix."""
 
-import logging
 import os
-from contextlib import contextmanager
 
 import numpy as np
 import paddle
 import pytest
 from test_config import parse
 
-from helpers import REPO_ROOT, small_run_argv
+from helpers import REPO_ROOT, paddlenlp_messages as paddlenlp_warnings, small_run_argv
 from llm.alignment.ppo import ppo_trainer, run_ppo
 from llm.alignment.ppo.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from llm.alignment.ppo.algos.losses import LossScale
@@ -31,19 +29,6 @@ def objective(policy_loss="ppo_clip", aggregate="token-mean", **changes):
     return PolicyObjective(
         POLICY_LOSSES.get(policy_loss), KL_ESTIMATORS.get("k3"), LOSS_AGGREGATIONS.get(aggregate), **settings
     )
-
-
-@contextmanager
-def paddlenlp_warnings():
-    """Messages paddlenlp's logger (which does not propagate to the root logger) emits meanwhile."""
-    records = []
-    handler = logging.Handler()
-    handler.emit = lambda record: records.append(record.getMessage())
-    logging.getLogger("PaddleNLP").addHandler(handler)
-    try:
-        yield records
-    finally:
-        logging.getLogger("PaddleNLP").removeHandler(handler)
 
 
 # ---- temperature -------------------------------------------------------------------------------------
@@ -217,6 +202,18 @@ def test_clip_ratio_c_reaches_the_objective_and_is_checked(tmp_path):
     assert parse(tmp_path, clip_ratio_c=0)[2].clip_ratio_c == 0
     with pytest.raises(ValueError, match="clip_ratio_c=0.5 must be > 1"):
         parse(tmp_path, clip_ratio_c=0.5)
+
+
+def test_pg_loss_coeff_weights_the_policy_gradient_term_only():
+    # PaddleNLP's pg_loss_coeff: loss = c x policy loss + kl_loss_coeff x KL (the KL term unscaled).
+    rng = np.random.default_rng(7)
+    logits, labels = t(rng.normal(size=(2, 3, 5))), paddle.to_tensor(rng.integers(0, 5, size=(2, 3)))
+    old, ref, adv, mask = t(rng.normal(size=(2, 3)) - 2), t(rng.normal(size=(2, 3)) - 2), t(rng.normal(size=(2, 3))), t(np.ones((2, 3)))
+    terms = {}
+    for pg, kl in [(1.0, 0.0), (0.5, 0.0), (0.0, 0.3), (0.5, 0.3)]:
+        terms[pg, kl] = float(objective(pg_loss_coeff=pg, kl_loss_coeff=kl)(logits, labels, old, ref, adv, mask)[0])
+    assert terms[0.5, 0.0] == pytest.approx(0.5 * terms[1.0, 0.0], rel=1e-6)
+    assert terms[0.5, 0.3] == pytest.approx(terms[0.5, 0.0] + terms[0.0, 0.3], rel=1e-6)
 
 
 # ---- keys that an algorithm does not use, registry traits -----------------------------------------------

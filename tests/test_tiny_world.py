@@ -68,12 +68,13 @@ def test_supervised_dataset_puts_the_loss_on_target_and_eos_only(tiny_world, tmp
     assert item["labels"] == [-100] * 5 + [tokens[-2], tokens[-1]]
 
 
-def test_prompt_dataset_skips_long_prompts_and_names_bad_rows(tiny_world, tmp_path):
+def test_prompt_dataset_truncates_long_prompts_and_names_bad_rows(tiny_world, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_world["model"])
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"src": "1+2=", "tgt": "3"}\n{"src": "' + "9" * 40 + '", "tgt": "1"}\n')
     dataset = PromptOnlyDataset(str(path), tokenizer, max_prompt_len=8)
-    assert len(dataset) == 1 and dataset[0]["label"] == "3"
+    assert len(dataset) == 2 and dataset[0]["label"] == "3" and len(dataset[1]["input_ids"]) == 8
+    assert len(PromptOnlyDataset(str(path), tokenizer, max_prompt_len=8, filter_overlong_prompts=True)) == 1
     path.write_text('{"src": "1+2=", "tgt": "3"}\n{"src": "1+2="}\n')
     with pytest.raises(ValueError, match=r"row 2: no reference answer \(column 'tgt'"):
         PromptOnlyDataset(str(path), tokenizer, max_prompt_len=8, require_label=True)

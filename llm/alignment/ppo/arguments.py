@@ -1,13 +1,13 @@
-"""Arguments of RL alignment, read from one JSON file with PaddleNLP's `PdArgumentParser`.
+"""Arguments of RL alignment, read from one JSON or YAML file with PaddleNLP's `PdArgumentParser`.
 
-Key names follow PaddleNLP's `llm/alignment/ppo` where the meaning is the same, so its configs work here.
-Everything is checked at start: unknown keys and impossible combinations stop the run with a message
-naming the key.
+Keys, meanings and defaults follow PaddleNLP's RL arguments (`paddlenlp/rl/utils/config_utils.py`), so
+its configs run here unchanged; its keys that change nothing here are accepted with a log line saying
+why (paddlenlp_keys.py). Everything is checked at start: unknown keys and impossible combinations stop
+the run with a message naming the key.
 """
 
 import dataclasses
 import difflib
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Optional
@@ -24,10 +24,8 @@ from llm.alignment.ppo.algos import (
     POLICY_LOSSES,
 )
 from llm.alignment.ppo.offload_utils import parse_offload_level
+from llm.alignment.ppo.paddlenlp_keys import ALIASES, config_tokens, drop_keys_without_effect, read_config, split_options
 from llm.alignment.ppo.rewards import REWARD_TASKS
-
-# Other names users' PaddleNLP configs use for the same setting.
-KEY_ALIASES = {"num_return_sequences": "rollout_n"}
 
 # paddlenlp's recompute granularities (config.recompute_granularity of Qwen2 and Llama).
 RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
@@ -58,6 +56,13 @@ class ModelArgument:
         default=False, metadata={"help": "Also save output_dir/policy_merged: the actor with its adapters merged into the weights."}
     )
 
+    def __post_init__(self):
+        # PaddleNLP's configs write "" for an unset model path.
+        for key in ("reference_model_name_or_path", "tokenizer_name_or_path", "reward_model_name_or_path",
+                    "reward_critic_model_name_or_path", "lora_path"):
+            if getattr(self, key) == "":
+                setattr(self, key, None)
+
 
 @dataclass
 class DataArgument:
@@ -68,8 +73,16 @@ class DataArgument:
     ptx_datasets: Optional[str] = field(default=None, metadata={"help": "Supervised data of the ptx loss (ppo), in the same format."})
     prompt_key: str = field(default="src", metadata={"help": "Column of data files holding the literal prompt."})
     label_key: str = field(default="tgt", metadata={"help": "Column of data files holding the reference answer given to the reward."})
-    max_prompt_len: int = field(default=1024, metadata={"help": "Prompts with more tokens are skipped (and counted)."})
-    max_length: int = field(default=2048, metadata={"help": "Upper bound of prompt plus response tokens."})
+    max_prompt_len: int = field(
+        default=4096,
+        metadata={"help": "Prompts with more tokens are truncated to their first max_prompt_len tokens (PaddleNLP), or skipped with filter_overlong_prompts."},
+    )
+    filter_overlong_prompts: bool = field(
+        default=False, metadata={"help": "Skip (and count) prompts over max_prompt_len tokens instead of truncating them."}
+    )
+    max_length: int = field(
+        default=2048, metadata={"help": "Upper bound of prompt plus response tokens; prompts are cut to max_length - max_dec_len when that is shorter."}
+    )
     max_eval_samples: int = field(default=0, metadata={"help": "Evaluate on at most this many prompts (0: all)."})
 
     def __post_init__(self):
@@ -81,10 +94,70 @@ class DataArgument:
 
 
 @dataclass
-class RLTrainingArguments(TrainingArguments):
-    rl_algorithm: str = field(default="grpo", metadata={"help": "Advantage estimator: " + ", ".join(ADVANTAGE_ESTIMATORS.names())})
-    rollout_n: int = field(default=8, metadata={"help": "Samples per prompt (alias: num_return_sequences)."})
-    per_device_prompt_batch_size: int = field(default=1, metadata={"help": "Prompts per rank per RL step."})
+class ModelKernelArguments:
+    """PaddleNLP's fused-kernel switches of the models (paddlenlp's LlmMetaConfig keys), set on the model
+    configs at load. The fused kernels are GPU kernels: on CPU they are switched off, with a log line."""
+
+    use_flash_attention: bool = field(default=False, metadata={"help": "Flash attention in the models (GPU)."})
+    use_fused_rms_norm: bool = field(default=False, metadata={"help": "Fused RMSNorm kernel in the models (GPU)."})
+    use_fused_rope: bool = field(default=False, metadata={"help": "Fused rotary-embedding kernel in the models (GPU)."})
+    use_fused_linear: bool = field(
+        default=False, metadata={"help": "fused_gemm_epilogue linear layers (alias fused_linear); paddlenlp's Qwen2 and Llama do not read it."}
+    )
+    recompute_use_reentrant: Optional[bool] = field(
+        default=None, metadata={"help": "Reentrant recompute (paddle's recompute use_reentrant); default the model config's."}
+    )
+
+    def model_config_flags(self):
+        """The model-config attributes these keys set (recompute_use_reentrant only when given)."""
+        flags = {key: getattr(self, key) for key in FUSED_KERNEL_KEYS}
+        if self.recompute_use_reentrant is not None:
+            flags["recompute_use_reentrant"] = self.recompute_use_reentrant
+        return flags
+
+    def switch_off_gpu_kernels(self, on_accelerator):
+        for key in FUSED_KERNEL_KEYS:
+            if getattr(self, key) and not on_accelerator:
+                logger.info(f"{key}=True has no effect on CPU: it selects a fused GPU kernel")
+                setattr(self, key, False)
+        if self.use_fused_linear:
+            logger.info("use_fused_linear (fused_linear) has no effect: paddlenlp's Qwen2 and Llama layers do not read it")
+
+
+FUSED_KERNEL_KEYS = ("use_flash_attention", "use_fused_rms_norm", "use_fused_rope", "use_fused_linear")
+
+
+@dataclass
+class RLTrainingArguments(ModelKernelArguments, TrainingArguments):
+    rl_algorithm: str = field(
+        default="ppo", metadata={"help": "Advantage estimator (PaddleNLP's default ppo): " + ", ".join(ADVANTAGE_ESTIMATORS.names())}
+    )
+    rollout_n: int = field(default=1, metadata={"help": "Samples per prompt (alias: num_return_sequences)."})
+    per_device_prompt_batch_size: int = field(
+        default=16, metadata={"help": "Prompts per rank per RL step (set from global_batch_size when that is given)."}
+    )
+    global_batch_size: int = field(
+        default=-1, metadata={"help": "Prompts per RL step over all data-parallel ranks (PaddleNLP's newer key; -1: per_device_prompt_batch_size x ranks)."}
+    )
+    global_mini_batch_size: int = field(
+        default=-1,
+        metadata={"help": "Prompts per optimizer step over all ranks (alias mini_batch_size); sets gradient_accumulation_steps as PaddleNLP does (-1: global_batch_size)."},
+    )
+    global_gen_batch_size: int = field(
+        default=-1, metadata={"help": "With dynamic_sampling: prompts generated per batch over all ranks (-1: the RL step's prompts)."}
+    )
+    per_device_rollout_batch_size: int = field(
+        default=-1, metadata={"help": "Prompts decoded together (the rollout micro-batch; -1: all of the rank's prompts)."}
+    )
+    per_device_logprob_batch_size: int = field(
+        default=-1, metadata={"help": "Responses per forward of the old and reference log-probs (-1: per_device_train_batch_size)."}
+    )
+    per_device_reward_batch_size: int = field(
+        default=-1, metadata={"help": "Responses per forward of the reward model (-1: per_device_train_batch_size)."}
+    )
+    per_device_value_batch_size: int = field(
+        default=-1, metadata={"help": "Responses per forward of the critic's rollout values (-1: per_device_train_batch_size)."}
+    )
     max_dec_len: int = field(default=512, metadata={"help": "Most tokens generated per response."})
     min_dec_len: int = field(default=1, metadata={"help": "EOS is forbidden before this many tokens."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass during rollout."})
@@ -98,22 +171,23 @@ class RLTrainingArguments(TrainingArguments):
     kl_loss_coeff: float = field(default=0.001, metadata={"help": "Weight of the KL-to-reference loss (0 disables the reference model)."})
     kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2 or k3."})
     kl_coeff: float = field(
-        default=0.0,
+        default=0.02,
         metadata={"help": "Weight of the k1 KL penalty in the token rewards (ppo, reinforce_plus_plus; other algorithms ignore it, with a warning)."},
     )
     gamma: float = field(default=1.0, metadata={"help": "Discount of the token returns (ppo, reinforce_plus_plus)."})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda (ppo)."})
-    normalize_advantage: bool = field(default=True, metadata={"help": "Whiten GAE advantages over valid tokens (ppo)."})
+    normalize_advantage: bool = field(default=False, metadata={"help": "Whiten GAE advantages over valid tokens (ppo; off for grpo, as in PaddleNLP)."})
     normalize_reward: bool = field(
-        default=False, metadata={"help": "Normalise rewards by running mean and std over all ranks (kept in checkpoints)."}
+        default=False, metadata={"help": "Normalise rewards by running mean and std over all ranks, kept in checkpoints (off for grpo, as in PaddleNLP)."}
     )
     clip_range_value: float = field(default=5.0, metadata={"help": "Critic values move at most this far from their rollout values (ppo)."})
     ptx_coeff: float = field(default=0.0, metadata={"help": "Weight of the language-model loss on ptx_datasets (ppo)."})
     missing_eos_penalty: float = field(default=0.0, metadata={"help": "Subtracted from the reward of responses that never emit EOS."})
-    max_gen_batches: int = field(
-        default=0,
-        metadata={"help": "DAPO dynamic sampling: drop groups of equal rewards and generate up to this many batches to fill a step (0: off)."},
+    dynamic_sampling: bool = field(
+        default=False, metadata={"help": "DAPO dynamic sampling: drop groups of equal rewards and generate more batches to fill the step."}
     )
+    max_gen_batches: int = field(default=32, metadata={"help": "With dynamic_sampling: at most this many generated batches per step."})
+    pg_loss_coeff: float = field(default=1.0, metadata={"help": "Weight of the policy-gradient loss."})
     critic_learning_rate: float = field(default=5e-6, metadata={"help": "Critic peak learning rate (ppo)."})
     critic_min_learning_rate: float = field(default=0.0, metadata={"help": "The critic's schedule decays to this."})
     critic_weight_decay: float = field(default=0.0, metadata={"help": "Critic AdamW weight decay."})
@@ -130,6 +204,7 @@ class RLTrainingArguments(TrainingArguments):
         default="",
         metadata={"help": "Keep in host memory except while used (GPU only): any of freeze_model, optimizer, train_model, space separated."},
     )
+    offload_optim: bool = field(default=False, metadata={"help": "Offload the optimizer states (adds optimizer to offload_level)."})
     policy_loss: str = field(default="ppo_clip", metadata={"help": "Policy loss: " + ", ".join(POLICY_LOSSES.names())})
     entropy_coeff: float = field(default=0.0, metadata={"help": "Weight of the entropy bonus (0: off)."})
     clip_range_ratio: float = field(default=0.2, metadata={"help": "PPO ratio clip, both sides unless _low/_high are given."})
@@ -139,9 +214,10 @@ class RLTrainingArguments(TrainingArguments):
         default=3.0,
         metadata={"help": "Dual-clip PPO (ppo_clip): the loss of a negative-advantage token is at most -A x this (verl's key and default; 0: off)."},
     )
-    clip_range_score: float = field(default=50.0, metadata={"help": "Rewards are clipped to [-this, this]."})
+    clip_range_score: float = field(default=10.0, metadata={"help": "Rewards are clipped to [-this, this]."})
+    enable_overlong_reward_buffer: bool = field(default=False, metadata={"help": "DAPO's overlong penalty (overlong_reward_buffer)."})
     overlong_reward_buffer: int = field(
-        default=0, metadata={"help": "DAPO overlong penalty: responses longer than max_dec_len - this are penalised (0: off)."}
+        default=256, metadata={"help": "With enable_overlong_reward_buffer: responses longer than max_dec_len - this are penalised."}
     )
     overlong_penalty_factor: float = field(default=1.0, metadata={"help": "Penalty of a response of max_dec_len tokens."})
     loss_agg_mode: Optional[str] = field(
@@ -153,6 +229,12 @@ class RLTrainingArguments(TrainingArguments):
     )
     norm_adv_by_std_in_grpo: bool = field(default=True, metadata={"help": "Divide group advantages by the group std (False: Dr.GRPO)."})
     min_learning_rate: float = field(default=0.0, metadata={"help": "The schedule decays to this learning rate."})
+    decay_steps: Optional[int] = field(default=None, metadata={"help": "RL steps over which the schedule decays to min_learning_rate (default max_steps)."})
+    critic_decay_steps: Optional[int] = field(default=None, metadata={"help": "The critic's decay_steps (default max_steps)."})
+    eos_token: str = field(default="", metadata={"help": "A token that ends responses instead of the tokenizer's EOS (\"\": the tokenizer's)."})
+    autotuner_benchmark: bool = field(
+        default=False, metadata={"help": "PaddleNLP's benchmark run: 5 steps of full-length responses, no evaluation, checkpoints or reports."}
+    )
     use_rm_server: bool = field(default=False, metadata={"help": "Score responses with the reward server."})
     reward_server: str = field(default="http://127.0.0.1:8731", metadata={"help": "URL of the reward server."})
     reward_server_timeout: float = field(default=60.0, metadata={"help": "Seconds to wait for one reward request."})
@@ -160,20 +242,96 @@ class RLTrainingArguments(TrainingArguments):
         default=3, metadata={"help": "Retries of a reward request that met an outage (no answer, timeout, 5xx without a protocol error), with exponential backoff, before the run stops."}
     )
     use_rule_reward: bool = field(default=False, metadata={"help": "Score responses in-process with the rule reward of reward_task."})
-    reward_task: str = field(default="kk", metadata={"help": "Rule reward task: " + ", ".join(sorted(REWARD_TASKS))})
+    reward_task: Optional[str] = field(
+        default=None,
+        metadata={"help": "Rule reward task: " + ", ".join(sorted(REWARD_TASKS)) + " (default math, GSM8K answers, for use_rule_reward as in PaddleNLP; the server's /health task for use_rm_server)."},
+    )
     sample_log_interval: int = field(default=5, metadata={"help": "Write a table of sample completions every logging_steps * this steps."})
     num_sample_logs: int = field(default=4, metadata={"help": "Rows in each sample table."})
 
     def __post_init__(self):
+        # As written: paddlenlp's post-init turns any evaluation_strategy into do_eval.
+        self.evaluation_only = bool(self.do_eval and not self.do_train)
+        self.apply_paddlenlp_switches()
         self.validate_scale_out()
         super().__post_init__()
         self.lr_scheduler_type = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
         self.critic_lr_scheduler_type = getattr(self.critic_lr_scheduler_type, "value", self.critic_lr_scheduler_type)
+        self.evaluation_strategy = getattr(self.evaluation_strategy, "value", self.evaluation_strategy)
+        self.save_strategy = getattr(self.save_strategy, "value", self.save_strategy)
         if self.clip_range_ratio_low is None:
             self.clip_range_ratio_low = self.clip_range_ratio
         if self.clip_range_ratio_high is None:
             self.clip_range_ratio_high = self.clip_range_ratio
+        self.resolve_batch_sizes()
         self.validate_rl()
+
+    def apply_paddlenlp_switches(self):
+        """PaddleNLP's keys that switch other keys: autotuner_benchmark, offload_optim, and grpo's reward and
+        advantage normalisation (off: the group baseline normalises)."""
+        if self.autotuner_benchmark:
+            logger.info(
+                "autotuner_benchmark: 5 steps of max_dec_len-token responses without evaluation, checkpoints or "
+                "reports (PaddleNLP's benchmark run; the weights still load from their paths)"
+            )
+            self.max_steps, self.num_train_epochs, self.do_train, self.do_eval = 5, 1, True, False
+            self.evaluation_only, self.evaluation_strategy, self.save_strategy = False, "no", "no"
+            self.report_to, self.min_dec_len = ["none"], self.max_dec_len
+        if self.offload_optim:
+            self.offload_level = f"{self.offload_level} optimizer"
+        if self.rl_algorithm == "grpo":
+            for key in ("normalize_reward", "normalize_advantage"):
+                if getattr(self, key):
+                    logger.info(f"{key}=True has no effect with rl_algorithm=grpo: the group baseline normalises (as in PaddleNLP)")
+                    setattr(self, key, False)
+
+    def resolve_batch_sizes(self):
+        """PaddleNLP's global batch keys in this project's per-rank ones: global_batch_size prompts per step
+        over the dataset_world_size data ranks; global_mini_batch_size prompts per optimizer step, which sets
+        gradient_accumulation_steps = global_mini_batch_size x rollout_n x update_iters /
+        (per_device_train_batch_size x dataset_world_size) as PaddleNLP computes it; -1 batch sizes of the
+        rollout, log-prob, reward and value passes take PaddleNLP's defaults."""
+        ranks = self.dataset_world_size
+        if self.global_batch_size > 0 or self.global_mini_batch_size > 0:
+            if self.global_batch_size <= 0:
+                self.global_batch_size = self.per_device_prompt_batch_size * ranks
+            if self.global_mini_batch_size <= 0:
+                self.global_mini_batch_size = self.global_batch_size
+            for key in ("global_batch_size", "global_mini_batch_size"):
+                if getattr(self, key) % ranks:
+                    raise ValueError(f"{key}={getattr(self, key)} must divide over the {ranks} data-parallel ranks (dataset_world_size)")
+            self.per_device_prompt_batch_size = self.global_batch_size // ranks
+            responses = self.global_mini_batch_size * self.rollout_n * self.update_iters
+            accumulate = responses // (self.per_device_train_batch_size * ranks)
+            if accumulate <= 0 or responses % (self.per_device_train_batch_size * ranks):
+                raise ValueError(
+                    f"global_mini_batch_size={self.global_mini_batch_size} x rollout_n={self.rollout_n} x update_iters="
+                    f"{self.update_iters} responses must split into micro-batches of per_device_train_batch_size="
+                    f"{self.per_device_train_batch_size} on each of {ranks} data-parallel ranks"
+                )
+            if self.gradient_accumulation_steps not in (1, accumulate):
+                raise ValueError(
+                    f"gradient_accumulation_steps={self.gradient_accumulation_steps} contradicts global_mini_batch_size="
+                    f"{self.global_mini_batch_size}, which sets it to {accumulate}: give one of them"
+                )
+            self.gradient_accumulation_steps = accumulate
+            logger.info(
+                f"global_batch_size={self.global_batch_size}, global_mini_batch_size={self.global_mini_batch_size}: "
+                f"per_device_prompt_batch_size={self.per_device_prompt_batch_size}, gradient_accumulation_steps={accumulate}"
+            )
+        if self.per_device_rollout_batch_size <= 0:
+            self.per_device_rollout_batch_size = self.per_device_prompt_batch_size
+        for key in ("per_device_logprob_batch_size", "per_device_reward_batch_size", "per_device_value_batch_size"):
+            if getattr(self, key) <= 0:
+                setattr(self, key, self.per_device_train_batch_size)
+
+    @property
+    def generation_batch_size(self):
+        """Prompts per rank per generated batch: with dynamic sampling global_gen_batch_size's share, else
+        the step's prompts."""
+        if self.dynamic_sampling and self.global_gen_batch_size > 0:
+            return self.global_gen_batch_size // self.dataset_world_size
+        return self.per_device_prompt_batch_size
 
     @property
     def kl_in_reward(self):
@@ -201,6 +359,7 @@ class RLTrainingArguments(TrainingArguments):
     def validate_scale_out(self):
         """The parallel layout, offload groups and recompute granularities."""
         check_launch_layout(self)
+        self.switch_off_gpu_kernels(runs_on_accelerator(self))
         self.offload_level = " ".join(sorted(parse_offload_level(self.offload_level)))
         for key in ("recompute_granularity", "critic_recompute_granularity"):
             if getattr(self, key) not in RECOMPUTE_GRANULARITIES:
@@ -234,17 +393,29 @@ class RLTrainingArguments(TrainingArguments):
             if value not in registry.names():
                 raise ValueError(f"{key}={value!r} is not available; choose from {registry.names()}")
         positive = [
-            "rollout_n", "per_device_prompt_batch_size", "max_dec_len", "update_iters", "max_steps", "sample_log_interval",
+            "rollout_n", "per_device_prompt_batch_size", "max_dec_len", "update_iters", "sample_log_interval",
             "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "reward_server_timeout",
+            "per_device_rollout_batch_size", "per_device_logprob_batch_size", "per_device_reward_batch_size",
+            "per_device_value_batch_size", "max_gen_batches", "generation_batch_size",
         ]
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
-        if self.kl_coeff > 0 and not ADVANTAGE_ESTIMATORS.traits(self.rl_algorithm).kl_in_reward:
-            logger.warning(
-                f"kl_coeff={self.kl_coeff} has no effect with rl_algorithm={self.rl_algorithm}: it puts a KL penalty in "
-                "the token rewards of ppo and reinforce_plus_plus; use kl_loss_coeff for a KL loss"
+        for key in ("decay_steps", "critic_decay_steps"):
+            if getattr(self, key) is not None and getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive (or unset: max_steps), got {getattr(self, key)}")
+        if self.max_steps <= 0 and not (self.max_steps == -1 and self.num_train_epochs > 0):
+            raise ValueError(
+                f"max_steps={self.max_steps}: give a positive max_steps, or max_steps -1 with num_train_epochs > 0 "
+                "(the steps of that many passes over train_datasets)"
             )
+        if self.dynamic_sampling and self.global_gen_batch_size > 0 and self.global_gen_batch_size % self.dataset_world_size:
+            raise ValueError(
+                f"global_gen_batch_size={self.global_gen_batch_size} must divide over the {self.dataset_world_size} data-parallel ranks"
+            )
+        if self.reward_task is None and self.use_rule_reward:
+            logger.info("use_rule_reward without reward_task scores with the math rule (GSM8K answers, as PaddleNLP's rule reward)")
+            self.reward_task = "math"
         if self.clip_ratio_c and self.clip_ratio_c <= 1:
             raise ValueError(f"clip_ratio_c={self.clip_ratio_c} must be > 1 (dual clip caps the loss at -A x clip_ratio_c), or 0 for off")
         if ADVANTAGE_ESTIMATORS.traits(self.rl_algorithm).group_baseline and self.rollout_n < 2:
@@ -261,7 +432,7 @@ class RLTrainingArguments(TrainingArguments):
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
         for key in [
             "clip_range_ratio_low", "clip_range_ratio_high", "clip_range_score", "kl_loss_coeff", "entropy_coeff",
-            "kl_coeff", "overlong_penalty_factor", "reward_server_max_retries", "clip_range_value", "ptx_coeff",
+            "kl_coeff", "overlong_penalty_factor", "reward_server_max_retries", "clip_range_value", "ptx_coeff", "pg_loss_coeff",
             "missing_eos_penalty", "max_gen_batches", "critic_weight_decay", "clip_ratio_c", "save_steps", "eval_steps",
             "logging_steps", "save_total_limit", "num_sample_logs", "learning_rate", "weight_decay", "warmup_steps",
             "max_grad_norm", "critic_learning_rate",
@@ -270,7 +441,7 @@ class RLTrainingArguments(TrainingArguments):
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
         if self.clip_range_ratio_low >= 1:
             raise ValueError(f"clip_range_ratio_low={self.clip_range_ratio_low} must be < 1 (ratios are positive)")
-        if not 0 <= self.overlong_reward_buffer <= self.max_dec_len:
+        if self.enable_overlong_reward_buffer and not 0 <= self.overlong_reward_buffer <= self.max_dec_len:
             raise ValueError(
                 f"overlong_reward_buffer={self.overlong_reward_buffer} must lie in [0, max_dec_len={self.max_dec_len}]"
             )
@@ -278,8 +449,8 @@ class RLTrainingArguments(TrainingArguments):
             raise ValueError(f"gamma must lie in (0, 1], got {self.gamma}")
         if not 0 <= self.lam <= 1:
             raise ValueError(f"lam must lie in [0, 1], got {self.lam}")
-        if self.max_gen_batches and self.rollout_n < 2:
-            raise ValueError(f"max_gen_batches={self.max_gen_batches} filters groups of samples, so it needs rollout_n >= 2")
+        if self.dynamic_sampling and self.rollout_n < 2:
+            raise ValueError("dynamic_sampling filters groups of samples, so it needs rollout_n >= 2")
         if not 0 <= self.critic_min_learning_rate <= self.critic_learning_rate:
             raise ValueError(
                 f"critic_min_learning_rate={self.critic_min_learning_rate} must lie in [0, critic_learning_rate={self.critic_learning_rate}]"
@@ -288,7 +459,7 @@ class RLTrainingArguments(TrainingArguments):
             raise ValueError(f"critic_warmup_ratio must lie in [0, 1), got {self.critic_warmup_ratio}")
         if not 0 <= self.min_learning_rate <= self.learning_rate:
             raise ValueError(f"min_learning_rate={self.min_learning_rate} must lie in [0, learning_rate={self.learning_rate}]")
-        if self.use_rule_reward and self.reward_task not in REWARD_TASKS:
+        if self.reward_task is not None and self.reward_task not in REWARD_TASKS:
             raise ValueError(f"reward_task={self.reward_task!r} is not registered; choose from {sorted(REWARD_TASKS)}")
         if self.rollout_batch_size % self.per_device_train_batch_size:
             raise ValueError(
@@ -324,9 +495,11 @@ def check_parallel_degrees(args, world_size, on_accelerator):
         )
     tensor_parallel = degrees["tensor_parallel_degree"]
     if args.sequence_parallel:
-        raise ValueError(
-            "sequence_parallel: the tensor-parallel plan splits weights, not activations; remove the key"
+        logger.info(
+            "sequence_parallel=True has no effect: "
+            + ("the tensor-parallel plan splits weights, not activations" if tensor_parallel > 1 else "tensor_parallel_degree is 1")
         )
+        args.sequence_parallel = False
     if tensor_parallel > 1 and world_size != tensor_parallel:
         raise ValueError(
             f"tensor_parallel_degree={tensor_parallel} over {world_size} launched processes: tensor parallel runs "
@@ -334,7 +507,11 @@ def check_parallel_degrees(args, world_size, on_accelerator):
             f"{tensor_parallel} processes, or use sharding stage1 over all of them"
         )
     stages = set(args.sharding) if isinstance(args.sharding, (list, tuple)) else set(str(args.sharding or "").split())
-    if sharding and stages - {"stage1"} and not on_accelerator:
+    sharding_ranks = args.sharding_parallel_degree if args.sharding_parallel_degree > 0 else world_size // replica
+    if sharding and sharding_ranks <= 1:
+        logger.info(f"sharding={args.sharding} over one rank has no effect (sharding_parallel_degree={args.sharding_parallel_degree})")
+        args.sharding = ""
+    elif sharding and stages - {"stage1"} and not on_accelerator:
         raise ValueError(
             f"sharding={args.sharding}: stages 2 and 3 (paddle's group_sharded_parallel) need GPUs; "
             "on CPU use sharding stage1"
@@ -360,40 +537,40 @@ def check_launch_layout(args):
             "models yet (the pipe policy and value models of models/model_pp.py are checked single-stage only); "
             "split large models with tensor_parallel_degree and sharding instead"
         )
-    on_accelerator = args.device != "cpu" and paddle.device.get_device() != "cpu"
-    check_parallel_degrees(args, paddle.distributed.get_world_size(), on_accelerator)
+    check_parallel_degrees(args, paddle.distributed.get_world_size(), runs_on_accelerator(args))
+
+
+def runs_on_accelerator(args):
+    return args.device != "cpu" and paddle.device.get_device() != "cpu"
 
 
 ARGUMENT_CLASSES = (ModelArgument, DataArgument, RLTrainingArguments)
 
 
 def parse_arguments(argv, argument_classes=ARGUMENT_CLASSES):
-    """`argv` = [config.json, --key value ...]: the JSON file first, command-line overrides after it."""
-    if not argv or not argv[0].endswith(".json"):
-        raise ValueError("usage: <script> CONFIG.json [--key value ...]")
-    parser = PdArgumentParser(argument_classes)
-    try:
-        tokens = parser.read_json(argv[0]) + list(argv[1:])
-    except json.JSONDecodeError as error:
-        raise ValueError(f"config file {argv[0]} is not valid JSON: {error}") from None
-    tokens = [resolve_key(token, argument_classes) if token.startswith("--") else token for token in tokens]
-    parsed = parser.parse_args_into_dataclasses(args=tokens, look_for_args_file=False)
-    validate_across(parsed)
+    """`argv` = [config.json or config.yaml, --key value ...]: the file first, command-line overrides after
+    it. PaddleNLP's other key names are mapped to this project's (ALIASES), its keys without effect here are
+    logged and dropped (NO_EFFECT), and unknown keys stop the run naming the closest known key."""
+    if not argv or not argv[0].endswith((".json", ".yaml", ".yml")):
+        raise ValueError("usage: <script> CONFIG.json|CONFIG.yaml [--key value ...]")
+    valid = {f.name for cls in argument_classes for f in dataclasses.fields(cls) if f.init}
+    options = split_options(config_tokens(read_config(argv[0])) + list(argv[1:]))
+    options = [(ALIASES.get(key, key), values) for key, values in options]
+    options = drop_keys_without_effect(options, valid)
+    for key, _ in options:
+        if key not in valid:
+            hint = difflib.get_close_matches(key, valid, n=1)
+            raise ValueError(f"unknown config key {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else ""))
+    tokens = [token for key, values in options for token in (f"--{key}", *values)]
+    parsed = PdArgumentParser(argument_classes).parse_args_into_dataclasses(args=tokens, look_for_args_file=False)
+    validate_across(parsed, given=dict(options))
     return parsed
 
 
-def resolve_key(token, argument_classes):
-    """Map an alias to its key and reject keys that no argument class knows, suggesting the closest one."""
-    key = KEY_ALIASES.get(token[2:], token[2:])
-    valid = {f.name for cls in argument_classes for f in dataclasses.fields(cls) if f.init}
-    if key not in valid:
-        hint = difflib.get_close_matches(key, valid, n=1)
-        raise ValueError(f"unknown config key {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else ""))
-    return f"--{key}"
-
-
-def validate_across(parsed):
-    """Checks that involve keys of more than one argument class."""
+def validate_across(parsed, given=None):
+    """Checks that involve keys of more than one argument class, or what the config wrote (`given`: key ->
+    value tokens)."""
+    given = given or {}
     model_args = next((a for a in parsed if isinstance(a, ModelArgument)), None)
     data_args = next((a for a in parsed if isinstance(a, DataArgument)), None)
     training_args = next((a for a in parsed if isinstance(a, RLTrainingArguments)), None)
@@ -415,12 +592,60 @@ def validate_across(parsed):
             f"lora with tensor_parallel_degree={training_args.tensor_parallel_degree}: the tensor-parallel plan splits "
             "the base layers LoRA wraps; train LoRA adapters with data parallel or sharding stage1"
         )
-    if data_args and training_args and bool(data_args.ptx_datasets) != (training_args.ptx_coeff > 0):
-        raise ValueError(
-            f"ptx_datasets={data_args.ptx_datasets!r} and ptx_coeff={training_args.ptx_coeff} go together: set both or neither"
-        )
-    if data_args and training_args and data_args.max_prompt_len + training_args.max_dec_len > data_args.max_length:
-        raise ValueError(
+    if data_args and training_args:
+        check_ptx(data_args, training_args)
+        fit_prompts(data_args, training_args)
+    if training_args:
+        note_keys_without_effect(training_args, given, data_args)
+
+
+def check_ptx(data_args, training_args):
+    """ptx data needs its coefficient; a coefficient without data (PaddleNLP's GRPO config) does nothing."""
+    if data_args.ptx_datasets and training_args.ptx_coeff <= 0:
+        raise ValueError(f"ptx_datasets={data_args.ptx_datasets!r} needs ptx_coeff > 0, the weight of its loss")
+    if training_args.ptx_coeff > 0 and not data_args.ptx_datasets:
+        logger.info(f"ptx_coeff={training_args.ptx_coeff} has no effect without ptx_datasets")
+        training_args.ptx_coeff = 0.0
+
+
+def fit_prompts(data_args, training_args):
+    """Prompts are cut to max_length - max_dec_len tokens when max_prompt_len leaves no room for a whole response."""
+    room = data_args.max_length - training_args.max_dec_len
+    if room <= 0:
+        raise ValueError(f"max_dec_len={training_args.max_dec_len} leaves no room for a prompt in max_length={data_args.max_length}")
+    if data_args.max_prompt_len > room:
+        logger.info(
             f"max_prompt_len={data_args.max_prompt_len} + max_dec_len={training_args.max_dec_len} exceeds "
-            f"max_length={data_args.max_length}"
+            f"max_length={data_args.max_length}: prompts are limited to {room} tokens"
         )
+        data_args.max_prompt_len = room
+
+
+def note_keys_without_effect(args, given, data_args):
+    """One log line for each key the config wrote that its switch leaves without effect, and the
+    conflicts between PaddleNLP's global batch keys and this project's per-rank ones."""
+    switched = {
+        "max_gen_batches": ("dynamic_sampling", args.dynamic_sampling),
+        "global_gen_batch_size": ("dynamic_sampling", args.dynamic_sampling),
+        "overlong_reward_buffer": ("enable_overlong_reward_buffer", args.enable_overlong_reward_buffer),
+        "overlong_penalty_factor": ("enable_overlong_reward_buffer", args.enable_overlong_reward_buffer),
+    }
+    for key, (switch, on) in switched.items():
+        if key in given and not on:
+            logger.info(f"{key}={getattr(args, key)} has no effect without {switch}=True")
+    if "kl_coeff" in given and args.kl_coeff > 0 and not ADVANTAGE_ESTIMATORS.traits(args.rl_algorithm).kl_in_reward:
+        logger.warning(
+            f"kl_coeff={args.kl_coeff} has no effect with rl_algorithm={args.rl_algorithm}: it puts a KL penalty in "
+            "the token rewards of ppo and reinforce_plus_plus; use kl_loss_coeff for a KL loss"
+        )
+    if "num_train_epochs" in given and args.max_steps > 0:
+        logger.info(f"max_steps={args.max_steps} sets the run's length; num_train_epochs={args.num_train_epochs} has no effect")
+    if "eval_steps" in given and args.evaluation_strategy == "no" and data_args and data_args.eval_datasets:
+        logger.info("evaluation_strategy is 'no' (PaddleNLP's default): eval_datasets are not evaluated; set evaluation_strategy steps")
+    if "per_device_prompt_batch_size" in given and "global_batch_size" in given:
+        written = int(given["per_device_prompt_batch_size"][0])
+        if written != args.per_device_prompt_batch_size:
+            raise ValueError(
+                f"per_device_prompt_batch_size={written} contradicts global_batch_size={args.global_batch_size} over "
+                f"{args.dataset_world_size} data-parallel ranks ({args.per_device_prompt_batch_size} per rank): give one of them"
+            )

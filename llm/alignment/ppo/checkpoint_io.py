@@ -11,7 +11,9 @@
 
 Every rank calls save_checkpoint, save_final_models and load_checkpoint (they hold collectives). All
 ranks write into one temp folder that rank 0 renames once every rank has written (atomic_directory).
-A checkpoint resumes at the parallel layout it was saved with.
+A checkpoint resumes at the parallel layout it was saved with. With `ignore_save_lr_and_optim` (PaddleNLP's
+key) the optimizer and scheduler files are left out; resuming such a checkpoint (or any with
+`ignore_load_lr_and_optim`) restarts the optimizer's moments and continues the schedule at the step.
 """
 
 import json
@@ -146,7 +148,8 @@ def save_checkpoint(trainer):
     with atomic_directory(path) as tmp:
         for part in trained_models(trainer):
             save_model(part.model, os.path.join(tmp, part.folder), trainer.tokenizer)
-            save_optimizer_state(part.optimizer, part.model, tmp, part.optimizer_name, args)
+            if not args.ignore_save_lr_and_optim:
+                save_optimizer_state(part.optimizer, part.model, tmp, part.optimizer_name, args)
         if is_first_rank():
             save_shared_state(trainer, tmp, rng_states)
     if is_first_rank():
@@ -158,7 +161,8 @@ def save_shared_state(trainer, folder, rng_states):
     """The state every rank holds alike (schedules, reward normalizer, step, batches drawn), and every rank's
     RNG states in paddlenlp's file."""
     for part in trained_models(trainer):
-        paddle.save(part.lr_scheduler.state_dict(), os.path.join(folder, part.scheduler_name))
+        if not trainer.args.ignore_save_lr_and_optim:
+            paddle.save(part.lr_scheduler.state_dict(), os.path.join(folder, part.scheduler_name))
     if trainer.reward_normalizer is not None:
         paddle.save(trainer.reward_normalizer.state_dict(), os.path.join(folder, REWARD_NORMALIZER_NAME))
     trainer.state.save_to_json(os.path.join(folder, TRAINER_STATE_NAME))
@@ -175,25 +179,45 @@ def load_checkpoint(trainer, path):
     step to continue from."""
     args = trainer.args
     check_complete(path, files_to_load(trainer))
+    step = TrainerState.load_from_json(os.path.join(path, TRAINER_STATE_NAME)).global_step
     for part in trained_models(trainer):
-        load_optimizer_state(part.optimizer, part.model, path, part.optimizer_name, args)
-        part.lr_scheduler.set_state_dict(paddle.load(os.path.join(path, part.scheduler_name)))
+        if loads_optimizer(path, part, args):
+            load_optimizer_state(part.optimizer, part.model, path, part.optimizer_name, args)
+            part.lr_scheduler.set_state_dict(paddle.load(os.path.join(path, part.scheduler_name)))
+        else:
+            logger.warning(
+                f"{path}: {part.folder}'s optimizer starts with zero moments (ignore_save_lr_and_optim / "
+                f"ignore_load_lr_and_optim); its learning-rate schedule continues at step {step}"
+            )
+            part.lr_scheduler.step(step * args.optimizer_steps_per_rl_step)
     if trainer.reward_normalizer is not None:
         trainer.reward_normalizer.set_state_dict(paddle.load(os.path.join(path, REWARD_NORMALIZER_NAME)))
     trainer._load_rng_state(path)
     with open(os.path.join(path, DATA_STATE_NAME)) as f:
         trainer.batches_drawn = json.load(f)["batches_drawn"]
-    step = TrainerState.load_from_json(os.path.join(path, TRAINER_STATE_NAME)).global_step
     logger.info(f"resumed from {path} at step {step}")
     return step
 
 
+def optimizer_state_optional(args):
+    """PaddleNLP's switches that leave checkpoints without optimizer and scheduler state, or skip loading it."""
+    return args.ignore_save_lr_and_optim or args.ignore_load_lr_and_optim
+
+
+def loads_optimizer(path, part, args):
+    """Whether `part`'s optimizer and scheduler state is restored from checkpoint `path`."""
+    if args.ignore_load_lr_and_optim:
+        return False
+    return os.path.isfile(os.path.join(path, optimizer_file(part.optimizer_name, args))) or not optimizer_state_optional(args)
+
+
 def files_to_load(trainer):
-    """The files of a checkpoint this rank reads."""
+    """The files of a checkpoint this rank must find."""
     names = [TRAINER_STATE_NAME, DATA_STATE_NAME]
     names += [REWARD_NORMALIZER_NAME] if trainer.reward_normalizer is not None else []
-    for part in trained_models(trainer):
-        names += [optimizer_file(part.optimizer_name, trainer.args), part.scheduler_name]
+    if not optimizer_state_optional(trainer.args):
+        for part in trained_models(trainer):
+            names += [optimizer_file(part.optimizer_name, trainer.args), part.scheduler_name]
     return names
 
 

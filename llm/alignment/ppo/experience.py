@@ -66,8 +66,8 @@ class Experience:
 
     @staticmethod
     def concat(batches, pad_token_id):
-        """One Experience of the rows of `batches` (rollouts of the same step before their rewards are
-        turned into advantages): prompts re-padded on the left and responses on the right to common
+        """One Experience of the rows of `batches` (rollouts of the same step, before or after scoring,
+        before their rewards are turned into advantages): prompts re-padded on the left and responses on the right to common
         widths, group indices kept apart."""
         prompt_len = max(b.prompt_len for b in batches)
         response_len = max(b.response_mask.shape[1] for b in batches)
@@ -89,9 +89,10 @@ class Experience:
             "response_mask": paddle.concat([widen(b, "response_mask", 0, False) for b in batches]),
             "group_index": paddle.concat(groups),
             "finished": paddle.concat([b.finished for b in batches]),
-            "scores": paddle.concat([b.scores for b in batches]),
-            "rewards": paddle.concat([b.rewards for b in batches]),
         }
+        for name in ("scores", "rewards"):  # present once the batches are scored
+            if all(getattr(b, name) is not None for b in batches):
+                merged[name] = paddle.concat([getattr(b, name) for b in batches])
         for name in ("prompts", "labels", "responses"):
             merged[name] = [text for b in batches for text in getattr(b, name)]
         return Experience(**merged)

@@ -8,6 +8,7 @@ data-parallel wrapping, callbacks (progress bar, VisualDL) and RNG-state restore
 
 import contextlib
 import json
+import math
 import os
 import time
 
@@ -137,10 +138,15 @@ class PPOTrainer(Trainer):
 
     # ---- set-up -------------------------------------------------------------------------------------
 
+    def decay_steps(self, rl_steps):
+        """Optimizer steps over which a schedule decays: `rl_steps` RL steps (decay_steps), else the run's."""
+        return (rl_steps or self.args.max_steps) * self.args.optimizer_steps_per_rl_step
+
     def create_scheduler(self, num_training_steps):
         warmup = self.args.warmup_steps or int(self.args.warmup_ratio * num_training_steps)
         self.lr_scheduler = build_lr_scheduler(
-            self.args.lr_scheduler_type, self.args.learning_rate, self.args.min_learning_rate, warmup, num_training_steps
+            self.args.lr_scheduler_type, self.args.learning_rate, self.args.min_learning_rate, warmup,
+            self.decay_steps(self.args.decay_steps),
         )
         return self.lr_scheduler
 
@@ -149,7 +155,7 @@ class PPOTrainer(Trainer):
         args = self.args
         self.critic_lr_scheduler = build_lr_scheduler(
             args.critic_lr_scheduler_type, args.critic_learning_rate, args.critic_min_learning_rate,
-            int(args.critic_warmup_ratio * num_training_steps), num_training_steps,
+            int(args.critic_warmup_ratio * num_training_steps), self.decay_steps(args.critic_decay_steps),
         )
         optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
         self.critic_optimizer = optimizer_cls(
@@ -208,10 +214,11 @@ class PPOTrainer(Trainer):
         if start_step >= args.max_steps:
             self.rerun_finished(start_step)
             return
-        batches = self.endless_batches("train", self.train_dataset, args.per_device_prompt_batch_size)
+        batches = self.endless_batches("train", self.train_dataset, args.generation_batch_size)
         self.state.max_steps, self.state.global_step = args.max_steps, start_step
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
-        if self.eval_dataset is not None and start_step == 0:
+        evaluates = self.eval_dataset is not None and args.evaluation_strategy != "no"
+        if evaluates and start_step == 0:
             self.log_evaluation("initial_eval")
         for step in range(start_step + 1, args.max_steps + 1):
             exp, metrics = self.rl_step(batches)
@@ -221,15 +228,36 @@ class PPOTrainer(Trainer):
                 self.log(metrics)
             if args.logging_steps and step % (args.logging_steps * args.sample_log_interval) == 0:
                 self.log_samples(exp)
-            if self.eval_dataset is not None and args.eval_steps and step % args.eval_steps == 0 and step < args.max_steps:
+            if evaluates and self.is_interval_step(args.evaluation_strategy, args.eval_steps, step):
                 self.log(self.evaluate())
-            if args.save_steps and step % args.save_steps == 0 and step < args.max_steps:
+            if self.is_interval_step(args.save_strategy, args.save_steps, step):
                 checkpoint_io.save_checkpoint(self)
-        if self.eval_dataset is not None:
+        if evaluates:
             self.log_evaluation("eval")
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
-        checkpoint_io.save_checkpoint(self)
+        if args.save_strategy != "no":
+            checkpoint_io.save_checkpoint(self)
         checkpoint_io.save_final_models(self)
+
+    def steps_per_epoch(self):
+        """RL steps in one pass over this rank's share of the prompts (one prompt batch per step)."""
+        ranks = data_parallel_rank_and_size()[1]
+        return max(1, len(self.train_dataset) // (self.args.per_device_prompt_batch_size * ranks))
+
+    def is_interval_step(self, strategy, steps, step):
+        """Whether `step`, before the last, ends an interval of paddlenlp's IntervalStrategy `strategy`:
+        every `steps` steps, every epoch, or never ("no")."""
+        interval = {"steps": steps, "epoch": self.steps_per_epoch()}.get(strategy) or 0
+        return interval > 0 and step % interval == 0 and step < self.args.max_steps
+
+    def resolve_max_steps(self):
+        """max_steps -1: the steps of num_train_epochs passes over the prompts (PaddleNLP's meaning)."""
+        if self.args.max_steps > 0:
+            return
+        self.args.max_steps = max(1, math.ceil(self.args.num_train_epochs * self.steps_per_epoch()))
+        logger.info(
+            f"max_steps -1: {self.args.num_train_epochs} epoch(s) of {self.steps_per_epoch()} steps = {self.args.max_steps} steps"
+        )
 
     def rerun_finished(self, step):
         """A rerun of a finished run changes nothing, except that it writes the final models from the last
@@ -254,6 +282,7 @@ class PPOTrainer(Trainer):
         """Optimizer, schedule, data-parallel wrapper and, when resuming, their saved state; returns the start step."""
         # VisualDL's writer threads race to create a missing log folder; create it first.
         os.makedirs(self.args.logging_dir, exist_ok=True)
+        self.resolve_max_steps()
         num_steps = self.args.max_steps * self.args.optimizer_steps_per_rl_step
         self.create_optimizer_and_scheduler(num_training_steps=num_steps)
         self.model_wrapped = self._wrap_model(self.model)
@@ -296,18 +325,18 @@ class PPOTrainer(Trainer):
 
     def make_experience(self, batches):
         """Rollouts of the next prompt batch with their rewards. With DAPO's dynamic sampling
-        (`max_gen_batches`), groups whose rewards are all equal are dropped and more batches are generated,
-        at most `max_gen_batches`, until a full batch of groups is kept; if that is not reached, the
-        dropped groups fill the rest (they carry no group-relative advantage)."""
+        (`dynamic_sampling`), groups whose rewards are all equal are dropped and more batches (of
+        global_gen_batch_size's share of prompts) are generated, at most `max_gen_batches`, until a full
+        batch of groups is kept; if that is not reached, the dropped groups fill the rest (they carry no
+        group-relative advantage)."""
         args = self.args
         kept, dropped, seconds = [], [], 0.0
-        for generated in range(1, max(1, args.max_gen_batches) + 1):
+        for generated in range(1, (args.max_gen_batches if args.dynamic_sampling else 1) + 1):
             started = time.time()
-            with self.offload.on_device("train_model"), self.autocast_smart_context_manager():
-                exp = generate_rollouts(self.model, self.tokenizer, next(batches), args.rollout_n, self.sampling, args.use_fusemt)
+            exp = self.generate(next(batches))
             seconds += time.time() - started
             self.score(exp)
-            if not args.max_gen_batches:
+            if not args.dynamic_sampling:
                 return exp, {"rollout_seconds": seconds}
             keep = groups_with_reward_variance(exp.rewards, exp.group_index).numpy()
             for pool, rows in [(kept, np.flatnonzero(keep)), (dropped, np.flatnonzero(~keep))]:
@@ -316,8 +345,18 @@ class PPOTrainer(Trainer):
             if sum(map(len, kept)) >= args.rollout_batch_size:
                 break
         exp = Experience.concat(kept + dropped, self.tokenizer.pad_token_id).select(0, args.rollout_batch_size)
-        kept_share = sum(map(len, kept)) / (generated * args.rollout_batch_size)
+        kept_share = sum(map(len, kept)) / (generated * args.generation_batch_size * args.rollout_n)
         return exp, {"rollout_seconds": seconds, "gen_batches": generated, "kept_group_frac": kept_share}
+
+    def generate(self, prompts):
+        """`rollout_n` rollouts of each prompt, decoded per_device_rollout_batch_size prompts at a time."""
+        size = self.args.per_device_rollout_batch_size
+        with self.offload.on_device("train_model"), self.autocast_smart_context_manager():
+            parts = [
+                generate_rollouts(self.model, self.tokenizer, prompts[i : i + size], self.args.rollout_n, self.sampling, self.args.use_fusemt)
+                for i in range(0, len(prompts), size)
+            ]
+        return parts[0] if len(parts) == 1 else Experience.concat(parts, self.tokenizer.pad_token_id)
 
     def score(self, exp):
         """exp.scores from the reward source; exp.rewards after penalties, normalisation and clipping."""
@@ -326,7 +365,7 @@ class PPOTrainer(Trainer):
             exp.scores = paddle.to_tensor(self.reward_scorer.score(exp), dtype="float32")
         exp.rewards = shape_rewards(
             exp.scores, exp.finished, exp.response_mask.sum(axis=-1), args.missing_eos_penalty, args.max_dec_len,
-            args.overlong_reward_buffer, args.overlong_penalty_factor,
+            args.overlong_reward_buffer if args.enable_overlong_reward_buffer else 0, args.overlong_penalty_factor,
             normalize=self.normalize_rewards if self.reward_normalizer is not None else None,
             clip_range=args.clip_range_score,
         )
@@ -338,8 +377,8 @@ class PPOTrainer(Trainer):
 
     @paddle.no_grad()
     def compute_logprobs(self, model, exp):
-        """Log-probs of the response tokens under `model`, in micro-batches: [B, R]."""
-        size = self.args.per_device_train_batch_size
+        """Log-probs of the response tokens under `model`, in micro-batches of per_device_logprob_batch_size: [B, R]."""
+        size = self.args.per_device_logprob_batch_size
         chunks = []
         for start in range(0, len(exp), size):
             micro = exp.select(start, start + size)
@@ -359,8 +398,8 @@ class PPOTrainer(Trainer):
 
     @paddle.no_grad()
     def compute_values(self, exp):
-        """Critic values at rollout time, in micro-batches: [B, R]."""
-        size = self.args.per_device_train_batch_size
+        """Critic values at rollout time, in micro-batches of per_device_value_batch_size: [B, R]."""
+        size = self.args.per_device_value_batch_size
         self.critic.eval()
         chunks = []
         for start in range(0, len(exp), size):

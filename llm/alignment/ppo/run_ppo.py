@@ -87,8 +87,9 @@ def load_models(model_args, training_args):
 
 
 def evaluation_only(training_args):
-    """PaddleNLP's evaluation-only run: do_eval without do_train (any other run trains)."""
-    return training_args.do_eval and not training_args.do_train
+    """PaddleNLP's evaluation-only run: do_eval without do_train as the config wrote them (any other run
+    trains; evaluation_strategy alone sets paddlenlp's do_eval too, and trains with evaluations)."""
+    return training_args.evaluation_only
 
 
 def build_trainer(argv):
@@ -98,14 +99,15 @@ def build_trainer(argv):
     resolve_resume_checkpoint(training_args, training=not evaluation_only(training_args))
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
-    tokenizer = load_tokenizer(model_args.tokenizer_name_or_path or model_args.actor_model_name_or_path)
+    tokenizer = load_tokenizer(model_args.tokenizer_name_or_path or model_args.actor_model_name_or_path, training_args.eos_token)
     actor, reference, reward_model, critic = load_models(model_args, training_args)
     columns = {"seed": training_args.seed, "prompt_key": data_args.prompt_key, "label_key": data_args.label_key}
 
     def prompts(datasets, max_samples=0):
         # Rule rewards and the reward server compare responses with the reference answer.
         return PromptOnlyDataset(
-            datasets, tokenizer, data_args.max_prompt_len, max_samples, require_label=reward_model is None, **columns
+            datasets, tokenizer, data_args.max_prompt_len, max_samples, require_label=reward_model is None,
+            filter_overlong_prompts=data_args.filter_overlong_prompts, **columns,
         )
 
     reward_tokenizer = load_tokenizer(model_args.reward_model_name_or_path) if reward_model is not None else None

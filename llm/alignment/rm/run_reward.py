@@ -19,7 +19,13 @@ import paddle
 from paddlenlp.trainer import TrainingArguments, set_seed
 
 from llm.alignment.ppo.algos import PAIRWISE_LOSSES
-from llm.alignment.ppo.arguments import check_launch_layout, parse_arguments, refuse_tensor_parallel
+from llm.alignment.ppo.arguments import (
+    ModelKernelArguments,
+    check_launch_layout,
+    parse_arguments,
+    refuse_tensor_parallel,
+    runs_on_accelerator,
+)
 from llm.alignment.ppo.comm_utils import finish_distributed_run
 from llm.alignment.ppo.data import PreferenceCollator, PreferenceDataset
 from llm.alignment.ppo.models.loading import load_score_model, load_tokenizer
@@ -42,7 +48,7 @@ class RewardDataArgument:
 
 
 @dataclass
-class RewardTrainingArguments(TrainingArguments):
+class RewardTrainingArguments(ModelKernelArguments, TrainingArguments):
     loss_type: str = field(default="sequence-wise", metadata={"help": "Pairwise loss: " + ", ".join(PAIRWISE_LOSSES.names())})
     regularization: float = field(default=0.0, metadata={"help": "Weight of the mean square of the scores in the loss."})
     normalize_score_during_training: bool = field(
@@ -56,6 +62,7 @@ class RewardTrainingArguments(TrainingArguments):
     def __post_init__(self):
         check_launch_layout(self)
         refuse_tensor_parallel(self, "reward-model training")
+        self.switch_off_gpu_kernels(runs_on_accelerator(self))
         super().__post_init__()
         if self.loss_type not in PAIRWISE_LOSSES.names():
             raise ValueError(f"loss_type={self.loss_type!r} is not available; choose from {PAIRWISE_LOSSES.names()}")

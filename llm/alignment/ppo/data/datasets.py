@@ -89,15 +89,23 @@ class TokenizedDataset(paddle.io.Dataset):
 class PromptOnlyDataset(TokenizedDataset):
     """Prompts for rollouts: item = {"prompt": str, "label": str, "input_ids": list[int]}. The label (the
     reference answer) goes to rule rewards and the reward server, so with `require_label` a row without
-    one stops the run; else it is "". Prompts over `max_prompt_len` tokens are skipped."""
+    one stops the run; else it is "". Prompts over `max_prompt_len` tokens are truncated on the tokenizer's
+    truncation side (PaddleNLP's RLHFDataset; the reward still sees the whole prompt text), or skipped with
+    `filter_overlong_prompts`."""
 
-    def __init__(self, datasets, tokenizer, max_prompt_len, max_samples=0, require_label=False, **options):
+    def __init__(
+        self, datasets, tokenizer, max_prompt_len, max_samples=0, require_label=False, filter_overlong_prompts=False,
+        **options,
+    ):
         self.max_prompt_len, self.require_label = max_prompt_len, require_label
+        self.filter_overlong_prompts, self.truncated = filter_overlong_prompts, 0
         super().__init__(datasets, tokenizer, **options)
         if max_samples > 0:
             self.items = self.items[:max_samples]
         if self.dropped:
             logger.warning(f"{datasets}: skipped {self.dropped} prompts longer than max_prompt_len={max_prompt_len}")
+        if self.truncated:
+            logger.warning(f"{datasets}: truncated {self.truncated} prompts to max_prompt_len={max_prompt_len} tokens")
 
     def build(self, sample, where):
         if self.require_label and sample.answer is None:
@@ -105,7 +113,11 @@ class PromptOnlyDataset(TokenizedDataset):
         prompt = format_prompt(self.tokenizer, sample)
         input_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         if len(input_ids) > self.max_prompt_len:
-            return None
+            if self.filter_overlong_prompts:
+                return None
+            self.truncated += 1
+            keep_end = getattr(self.tokenizer, "truncation_side", "right") == "left"
+            input_ids = input_ids[-self.max_prompt_len :] if keep_end else input_ids[: self.max_prompt_len]
         return {"prompt": prompt, "label": sample.answer or "", "input_ids": input_ids}
 
 

@@ -11,8 +11,9 @@ from llm.alignment.ppo.models.tensor_parallel import shard_model
 
 def load_options(training_args, recompute_granularity=None):
     """from_pretrained options: with O2 mixed precision, half-precision weights (PaddleNLP's choice);
-    `recompute_granularity` for the models that train."""
-    options = {}
+    `recompute_granularity` for the models that train; PaddleNLP's fused-kernel switches
+    (arguments.ModelKernelArguments) as model-config attributes."""
+    options = dict(training_args.model_config_flags()) if hasattr(training_args, "model_config_flags") else {}
     if training_args.fp16_opt_level == "O2" and (training_args.bf16 or training_args.fp16):
         options["dtype"] = "bfloat16" if training_args.bf16 else "float16"
     if recompute_granularity is not None:
@@ -44,8 +45,14 @@ def frozen(model):
     return model
 
 
-def load_tokenizer(path):
+def load_tokenizer(path, eos_token=""):
+    """The tokenizer at `path`; `eos_token` (PaddleNLP's key) replaces its EOS token when given."""
     tokenizer = AutoTokenizer.from_pretrained(path)
+    if eos_token:
+        if tokenizer.convert_tokens_to_ids(eos_token) in (None, tokenizer.unk_token_id):
+            raise ValueError(f"eos_token={eos_token!r} is not a token of the tokenizer at {path}")
+        logger.info(f"responses end at eos_token={eos_token!r} instead of {tokenizer.eos_token!r}")
+        tokenizer.eos_token = eos_token
     if tokenizer.pad_token_id is None:
         # Llama 3 ships no pad token. EOS is a safe pad here: padding sits under a zero attention mask,
         # and response masks end at the first EOS.

@@ -15,7 +15,7 @@ from llm.alignment.ppo.algos.token_stats import entropy_from_logits, gather_logp
 
 @dataclass(frozen=True)
 class PolicyObjective:
-    """Policy loss plus kl_loss_coeff x KL to the reference minus entropy_coeff x entropy, aggregated over
+    """pg_loss_coeff x policy loss plus kl_loss_coeff x KL to the reference minus entropy_coeff x entropy, aggregated over
     response tokens with `loss_agg_mode`. Log-probs, KL and entropy are those of the sampling distribution
     softmax(logits / temperature)."""
 
@@ -28,13 +28,14 @@ class PolicyObjective:
     clip_high: float
     clip_ratio_c: float = 0.0
     temperature: float = 1.0
+    pg_loss_coeff: float = 1.0
 
     @classmethod
     def from_args(cls, args):
         return cls(
             POLICY_LOSSES.get(args.policy_loss), KL_ESTIMATORS.get(args.kl_estimator), LOSS_AGGREGATIONS.get(args.loss_agg_mode),
             args.kl_loss_coeff, args.entropy_coeff, args.clip_range_ratio_low, args.clip_range_ratio_high,
-            args.clip_ratio_c, args.temperature,
+            args.clip_ratio_c, args.temperature, args.pg_loss_coeff,
         )
 
     def token_logprobs(self, logits, labels):
@@ -57,7 +58,9 @@ class PolicyObjective:
         # The entropy is differentiated only when it is part of the loss.
         token_entropy = entropy_from_logits(logits if self.entropy_coeff > 0 else logits.detach())
         # The aggregations are linear, so the terms are summed per token and aggregated once.
-        objective = token_loss - self.entropy_coeff * token_entropy if self.entropy_coeff > 0 else token_loss
+        objective = self.pg_loss_coeff * token_loss if self.pg_loss_coeff != 1.0 else token_loss
+        if self.entropy_coeff > 0:
+            objective = objective - self.entropy_coeff * token_entropy
         with paddle.no_grad():
             # Like every `loss/*` statistic, this micro-batch's share of the step's value (see LossScale).
             stats["loss/policy_avg"] = self.aggregate(token_loss, response_mask, scale)

@@ -25,10 +25,11 @@ class RuleRewardScorer:
 
 
 class ServerRewardScorer:
-    """Scores through a reward server (`use_rm_server`) of task `task_name` (`reward_task`).
+    """Scores through a reward server (`use_rm_server`) of task `task_name` (`reward_task`, may be unset).
 
-    The max score comes from the server's /health, which must report that task; a server without
-    /health (PaddleNLP's) is taken to score `task_name`, whose registered rule gives the max score.
+    The max score comes from the server's /health, whose task must be `task_name` when that is set; a
+    server without /health (PaddleNLP's) is taken to score `task_name`, whose registered rule gives the
+    max score (with neither, there is no accuracy metric).
     """
 
     def __init__(self, client, task_name):
@@ -42,13 +43,19 @@ class ServerRewardScorer:
 def server_max_score(client, task_name):
     health = client.health()
     if health is None:
+        if task_name is None:
+            logger.info(
+                f"reward server at {client.url} has no GET /health (as PaddleNLP's) and reward_task is unset: "
+                "no accuracy metric (set reward_task to the server's task to count full-score responses)"
+            )
+            return None
         max_score = get_reward_task(task_name).max_score
         logger.info(
             f"reward server at {client.url} has no GET /health (as PaddleNLP's); "
             f"accuracy counts scores >= {max_score:g}, the max score of reward_task={task_name!r}"
         )
         return max_score
-    if health.get("task") != task_name:
+    if task_name is not None and health.get("task") != task_name:
         raise ValueError(
             f"reward server at {client.url} scores task {health.get('task')!r}, but reward_task={task_name!r}; "
             f"start the server with --task {task_name} or set reward_task to its task"
@@ -81,7 +88,7 @@ class RewardModelScorer:
 
 def build_reward_scorer(args, reward_model=None, reward_tokenizer=None):
     if reward_model is not None:
-        return RewardModelScorer(reward_model, reward_tokenizer, args.per_device_train_batch_size)
+        return RewardModelScorer(reward_model, reward_tokenizer, args.per_device_reward_batch_size)
     if args.use_rule_reward:
         return RuleRewardScorer(args.reward_task)
     from llm.alignment.ppo.reward_client import RewardServerClient

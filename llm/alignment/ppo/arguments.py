@@ -246,6 +246,7 @@ class RLTrainingArguments(ModelKernelArguments, TrainingArguments):
         default=None,
         metadata={"help": "Rule reward task: " + ", ".join(sorted(REWARD_TASKS)) + " (default math, GSM8K answers, for use_rule_reward as in PaddleNLP; the server's /health task for use_rm_server)."},
     )
+    dataloader_shuffle: bool = field(default=True, metadata={"help": "Shuffle the prompts (each epoch anew, from the seed)."})
     sample_log_interval: int = field(default=5, metadata={"help": "Write a table of sample completions every logging_steps * this steps."})
     num_sample_logs: int = field(default=4, metadata={"help": "Rows in each sample table."})
 

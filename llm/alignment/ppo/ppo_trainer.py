@@ -190,7 +190,9 @@ class PPOTrainer(Trainer):
         """Endless batches of this rank's share of `dataset`, counted in `self.batches_drawn[stream]` and
         resumed after that many (epochs reshuffle deterministically from the seed)."""
         rank, ranks = data_parallel_rank_and_size()
-        sampler = DistributedBatchSampler(dataset, batch_size, num_replicas=ranks, rank=rank, shuffle=True, drop_last=True)
+        sampler = DistributedBatchSampler(
+            dataset, batch_size, num_replicas=ranks, rank=rank, shuffle=self.args.dataloader_shuffle, drop_last=True
+        )
         if len(sampler) == 0:
             raise ValueError(
                 f"{stream}_datasets has {len(dataset)} usable examples, fewer than one batch of {batch_size} per rank"

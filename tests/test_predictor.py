@@ -46,7 +46,9 @@ def test_output_rows_are_the_input_rows_plus_output(tiny_world, eval_file, tmp_p
     assert all(isinstance(row["output"], str) for row in outputs)
 
 
-@pytest.mark.parametrize("greedy_flags", [["--decode_strategy", "greedy_search"], ["--top_k", "1", "--top_p", "1"]])
+@pytest.mark.parametrize(
+    "greedy_flags", [[], ["--decode_strategy", "greedy_search"], ["--decode_strategy", "sampling", "--top_k", "1", "--top_p", "1"]]
+)
 def test_greedy_outputs_equal_the_trainers_greedy_rollouts(tiny_world, eval_file, tmp_path, greedy_flags):
     outputs = predict(tiny_world, eval_file, str(tmp_path / "out.jsonl"), "--max_length", "12", "--batch_size", "4", *greedy_flags)
     # The trainer's prompts: PromptOnlyDataset over the same file, decoded greedily with the same limits.

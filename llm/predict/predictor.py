@@ -1,7 +1,7 @@
 """Batch prediction and chat with a trained policy, with PaddleNLP's predictor flags.
 
     python llm/predict/predictor.py --model_name_or_path checkpoints/grpo/policy \\
-        --data_file data/rl/eval.jsonl --output_file output.jsonl [--decode_strategy greedy_search]
+        --data_file data/rl/eval.jsonl --output_file output.jsonl [--decode_strategy sampling]
     python llm/predict/predictor.py --model_name_or_path checkpoints/grpo/policy --chat
 
 Prompts are built exactly as for RL training (data/datasets.py `format_prompt`): a `src` is used as it is,
@@ -35,7 +35,9 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 @dataclass
 class PredictorArgument:
-    """PaddleNLP's predictor flags with their defaults (sampling at temperature 0.95, top_p 0.7), plus `--chat`."""
+    """PaddleNLP's predictor flags with their defaults (its sampling: temperature 0.95, top_p 0.7), plus `--chat`,
+    except that decoding is greedy unless `--decode_strategy sampling` asks for PaddleNLP's default: a
+    prediction run scores a checkpoint, and greedy outputs do not depend on the seed."""
 
     model_name_or_path: str = field(default=None, metadata={"help": "Folder of the trained policy (model and tokenizer)."})
     data_file: Optional[str] = field(default=None, metadata={"help": "JSONL (or JSON) file of rows with a `src` prompt."})
@@ -45,7 +47,9 @@ class PredictorArgument:
     src_length: int = field(default=1024, metadata={"help": "Prompt tokens kept (the last ones, as PaddleNLP truncates)."})
     min_length: int = field(default=1, metadata={"help": "Fewest new tokens before EOS may end a response."})
     max_length: int = field(default=1024, metadata={"help": "Most new tokens per response."})
-    decode_strategy: str = field(default="sampling", metadata={"help": f"One of {DECODE_STRATEGIES}."})
+    decode_strategy: str = field(
+        default="greedy_search", metadata={"help": f"One of {DECODE_STRATEGIES} (PaddleNLP's default: sampling)."}
+    )
     temperature: float = field(default=0.95, metadata={"help": "Sampling temperature."})
     top_p: float = field(default=0.7, metadata={"help": "Nucleus sampling mass."})
     top_k: int = field(default=0, metadata={"help": "Sample among the k likeliest tokens (0: all); top_k 1 with top_p 1 is greedy."})

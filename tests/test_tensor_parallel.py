@@ -27,14 +27,18 @@ def split_messages(log_dir):
     return [line[line.index("- ") + 2 :].replace("\x1b[0m", "") for line in log.splitlines() if "tensor-parallel ranks" in line]
 
 
-@pytest.mark.parametrize("algorithm, models", [("grpo", ["Qwen2ForCausalLM"]), ("ppo", ["Qwen2ForCausalLM", "Qwen2ForScore"])])
+# PPO's models: the actor, the reference of its KL penalty (kl_coeff 0.02, PaddleNLP's default), the critic.
+@pytest.mark.parametrize(
+    "algorithm, models",
+    [("grpo", ["Qwen2ForCausalLM"]), ("ppo", ["Qwen2ForCausalLM", "Qwen2ForCausalLM", "Qwen2ForScore"])],
+)
 def test_tensor_parallel_step_equals_one_process(tiny_world, tmp_path, algorithm, models):
     """The first step on fixed rollouts (tests/probes/grpo_first_step.py): both ranks of the TP group hold the
     whole batch and half of each split layer; the losses and gradient norms (policy, and critic for PPO)
     equal one process's."""
     one = first_step(tiny_world, tmp_path, "one", processes=1, rl_algorithm=algorithm)
     two = first_step(tiny_world, tmp_path, "two", processes=2, data_ranks=1, rl_algorithm=algorithm, tensor_parallel_degree=2)
-    assert [m.split()[0] for m in split_messages(tmp_path / "two_log")] == models  # the trained models are split, not copies
+    assert [m.split()[0] for m in split_messages(tmp_path / "two_log")] == models  # the models are split, not copies
     keys = ["loss/policy_avg", "grad_norm", "entropy", "reward_mean"]
     keys += ["loss/value_avg", "critic_grad_norm", "val/value_mean"] if algorithm == "ppo" else []
     assert one["grad_norm"] > 1e-3 and (algorithm == "grpo" or one["critic_grad_norm"] > 1e-3)

@@ -10,7 +10,7 @@ from llm.alignment.ppo.algos import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOS
 from llm.alignment.ppo.algos.losses import clipped_value_loss
 from llm.alignment.ppo.algos.masked import masked_mean
 from llm.alignment.ppo.algos.registry import call_with_options
-from llm.alignment.ppo.algos.token_stats import entropy_from_logits, gather_logprobs, tempered_logits
+from llm.alignment.ppo.models.fused_kernels import token_logprobs_and_entropy
 
 
 @dataclass(frozen=True)
@@ -41,22 +41,22 @@ class PolicyObjective:
     def token_logprobs(self, logits, labels):
         """log pi(labels) [B, R] under the sampling distribution: the one formula of old, reference and
         current log-probs."""
-        return gather_logprobs(tempered_logits(logits, self.temperature), labels)
+        return token_logprobs_and_entropy(logits, labels, self.temperature)[0]
 
     def __call__(self, logits, labels, old_logprobs, ref_logprobs, advantages, response_mask, scale=None):
         """`logits` [B, R, V] predict the response tokens `labels` [B, R];
         `old_logprobs` None means on-policy (the detached current log-probs); `scale` (a LossScale) makes
         the loss this micro-batch's share of the optimizer step's (None: the micro-batch alone).
         Returns (loss, stats)."""
-        logits = tempered_logits(logits, self.temperature)
-        logprobs = gather_logprobs(logits, labels)
+        logprobs, token_entropy = token_logprobs_and_entropy(logits, labels, self.temperature)
         old_logprobs = logprobs.detach() if old_logprobs is None else old_logprobs
         token_loss, stats = call_with_options(
             self.policy_loss_fn, logprobs, old_logprobs, advantages, response_mask, self.clip_low, self.clip_high,
             clip_ratio_c=self.clip_ratio_c,
         )
         # The entropy is differentiated only when it is part of the loss.
-        token_entropy = entropy_from_logits(logits if self.entropy_coeff > 0 else logits.detach())
+        if self.entropy_coeff <= 0:
+            token_entropy = token_entropy.detach()
         # The aggregations are linear, so the terms are summed per token and aggregated once.
         objective = self.pg_loss_coeff * token_loss if self.pg_loss_coeff != 1.0 else token_loss
         if self.entropy_coeff > 0:

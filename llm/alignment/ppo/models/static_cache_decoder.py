@@ -17,6 +17,7 @@ import paddle.distributed as dist
 import paddle.nn.functional as F
 
 from llm.alignment.ppo.comm_utils import hybrid_communicate_group
+from llm.alignment.ppo.models.fused_kernels import rms_norm, rotary, swiglu
 from llm.alignment.ppo.models.tensor_parallel import is_tensor_parallel, local_value
 
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
@@ -66,14 +67,13 @@ class RowParallelLinear:
 
 
 class RMSNorm:
-    """paddlenlp's Qwen2/Llama RMSNorm (float32 statistics) on the norm's local weight."""
+    """paddlenlp's Qwen2/Llama RMSNorm (float32 statistics) on the norm's local weight (the fused kernel on CPU)."""
 
     def __init__(self, norm):
         self.weight, self.epsilon = local_value(norm.weight), norm.variance_epsilon
 
     def __call__(self, x):
-        variance = x.astype("float32").pow(2).mean(-1, keepdim=True)
-        return (paddle.rsqrt(variance + self.epsilon) * x.astype("float32")).astype(self.weight.dtype) * self.weight
+        return rms_norm(x, self.weight, self.epsilon)
 
 
 class LayerWeights:
@@ -92,7 +92,8 @@ class LayerWeights:
         self.down_proj = RowParallelLinear(mlp.down_proj, group)
 
     def mlp(self, x):
-        return self.down_proj(F.swiglu(F.linear(x, self.gate_up_weight)))
+        gate, up = paddle.chunk(F.linear(x, self.gate_up_weight), 2, axis=-1)
+        return self.down_proj(swiglu(gate, up))
 
 
 class VocabParallelEmbedding:
@@ -134,11 +135,6 @@ class LMHead:
         return paddle.concat(parts, axis=-1)
 
 
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
-
-
 def tensor_parallel_group(model):
     """The group over which `model`'s weights are split, or None."""
     return hybrid_communicate_group().get_model_parallel_group() if is_tensor_parallel(model) else None
@@ -173,15 +169,15 @@ class StaticCacheDecoder:
         valid = paddle.concat([prompt_mask, paddle.ones([batch_size, max_len - prompt_len], prompt_mask.dtype)], axis=1)
         lowest = paddle.finfo(paddle.float32).min
         self.key_mask = ((1 - valid.astype("float32")) * lowest).reshape([batch_size, 1, 1, 1, max_len])
-        cos, sin = attention.rotary_emb(self.keys[0], seq_len=max_len)
-        self.cos, self.sin = cos.squeeze([0, 2]), sin.squeeze([0, 2])  # [max_len, head_dim]
+        cos, sin = attention.rotary_emb(self.keys[0], seq_len=max_len)  # [1, max_len, 1, head_dim]
+        self.cos, self.sin = cos.astype(dtype), sin.astype(dtype)
         self.position = 0
 
-    def rope(self, x, start):
-        length = x.shape[1]
-        cos = self.cos[start : start + length].unsqueeze([0, 2]).astype(x.dtype)
-        sin = self.sin[start : start + length].unsqueeze([0, 2]).astype(x.dtype)
-        return x * cos + rotate_half(x) * sin
+    def rope(self, q, k, start):
+        """q and k of positions [start, start + L) rotated (paddlenlp's apply_rotary_pos_emb)."""
+        batch, length = q.shape[:2]
+        positions = paddle.arange(start, start + length, dtype="int64").unsqueeze(0).expand([batch, length])
+        return rotary(q, k, self.cos, self.sin, positions)
 
     def attention(self, layer_index, layer, hidden, start):
         """Self-attention of positions [start, start + L) against the cache up to them."""
@@ -192,7 +188,7 @@ class StaticCacheDecoder:
         q = q.reshape([batch, length, self.num_heads, self.head_dim])
         k = k.reshape([batch, length, self.num_kv_heads, self.head_dim])
         v = v.reshape([batch, length, self.num_kv_heads, self.head_dim])
-        q, k = self.rope(q, start), self.rope(k, start)
+        q, k = self.rope(q, k, start)
         end = start + length
         self.keys[layer_index][:, :, start:end] = k.transpose([0, 2, 1, 3])
         self.values[layer_index][:, :, start:end] = v.transpose([0, 2, 1, 3])

@@ -8,6 +8,7 @@ import sys
 import threading
 from contextlib import contextmanager
 
+import pytest
 from werkzeug.serving import make_server
 
 from llm import run_finetune
@@ -29,6 +30,25 @@ def paddlenlp_messages():
         yield records
     finally:
         logging.getLogger("PaddleNLP").removeHandler(handler)
+
+
+def required(what, reason):
+    """Skip on a developer machine without `what`; in CI (CI=true) it is a failure."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{what} is required in CI: {reason}")
+    pytest.skip(reason)
+
+
+def built_paddlenlp_ops(names=()):
+    """The built `paddlenlp_ops` module, holding every op in `names` (`required` otherwise)."""
+    try:
+        import paddlenlp_ops
+    except ImportError:
+        required("paddlenlp_ops", "paddlenlp_ops is not built: python csrc/setup_cpu.py install")
+    missing = [name for name in names if not hasattr(paddlenlp_ops, name)]
+    if missing:
+        required("the ops", f"the installed paddlenlp_ops lacks {missing}: python csrc/setup_cpu.py install")
+    return paddlenlp_ops
 
 
 def running_reward_server(task, **app_options):

@@ -10,7 +10,7 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from llm.alignment.ppo import infer_utils
+from llm.alignment.ppo import custom_ops, infer_utils
 from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
 from test_rollout_ops import ops  # noqa: F401  (the fixture: paddlenlp_ops, required in CI)
 
@@ -108,12 +108,12 @@ def test_fast_rollouts_respect_min_and_max_length(ops, tiny_world, tokenizer):  
 
 def test_an_other_paddlenlp_ops_falls_back_to_generate_with_one_warning(monkeypatch, tiny_world, tokenizer, caplog):
     monkeypatch.setitem(sys.modules, "paddlenlp_ops", types.ModuleType("paddlenlp_ops"))
-    infer_utils.rollout_ops.cache_clear()
+    custom_ops.paddlenlp_ops_with.cache_clear()
     try:
         model = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
         items = eval_items(tiny_world, tokenizer, 4)
         greedy = SamplingConfig(max_dec_len=4, greedy=True)
-        with caplog.at_level(logging.WARNING, logger=infer_utils.logger.name):
+        with caplog.at_level(logging.WARNING, logger=custom_ops.logger.name):
             first = generate_rollouts(model, tokenizer, items, 1, greedy)
             generate_rollouts(model, tokenizer, items, 1, greedy)
         warnings = [r.getMessage() for r in caplog.records if "lacks" in r.getMessage()]
@@ -121,4 +121,4 @@ def test_an_other_paddlenlp_ops_falls_back_to_generate_with_one_warning(monkeypa
         reference = generate_rollouts(model, tokenizer, items, 1, greedy, use_fast=False)
         np.testing.assert_array_equal(first.input_ids.numpy(), reference.input_ids.numpy())
     finally:
-        infer_utils.rollout_ops.cache_clear()
+        custom_ops.paddlenlp_ops_with.cache_clear()

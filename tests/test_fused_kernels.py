@@ -3,7 +3,6 @@ gradients, and paddlenlp's Qwen2/Llama with the ops put in (models/fused_kernels
 without them."""
 
 import copy
-import os
 
 import numpy as np
 import paddle
@@ -12,6 +11,7 @@ import pytest
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from paddlenlp.transformers.qwen2 import modeling as qwen2_modeling
 
+from helpers import built_paddlenlp_ops
 from llm.alignment.ppo.algos.token_stats import (
     entropy_from_logits,
     gather_logprobs,
@@ -32,23 +32,9 @@ from llm.alignment.ppo.models.fused_kernels import (
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 
 
-def required(what, reason):
-    """Skip on a developer machine without `what`; in CI (CI=true) it is a failure."""
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{what} is required in CI: {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def ops():
-    try:
-        import paddlenlp_ops
-    except ImportError:
-        required("paddlenlp_ops", "paddlenlp_ops is not built: python csrc/setup_cpu.py install")
-    missing = [name for name in FUSED_OPS if not hasattr(paddlenlp_ops, name)]
-    if missing:
-        required("the fused ops", f"the installed paddlenlp_ops lacks {missing}: python csrc/setup_cpu.py install")
-    return paddlenlp_ops
+    return built_paddlenlp_ops(FUSED_OPS)
 
 
 def tensor(array, grad=True):

@@ -10,24 +10,15 @@ import numpy as np
 import paddle
 import pytest
 
+from helpers import built_paddlenlp_ops, required
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MASK64 = (1 << 64) - 1
 
 
-def required(what, reason):
-    """Skip on a developer machine without `what`; in CI (CI=true) it is a failure."""
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{what} is required in CI: {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def ops():
-    try:
-        import paddlenlp_ops
-    except ImportError:
-        required("paddlenlp_ops", "paddlenlp_ops is not built: python csrc/setup_cpu.py install")
-    return paddlenlp_ops
+    return built_paddlenlp_ops()
 
 
 # ---- NumPy references ------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 import paddle
 
+from llm.alignment.ppo.custom_ops import paddlenlp_ops_with
 from llm.alignment.ppo.experience import Experience
 from llm.alignment.ppo.models.static_cache_decoder import StaticCacheDecoder, unsupported_reason
 
@@ -39,20 +40,9 @@ class SamplingConfig:
         )
 
 
-@lru_cache(maxsize=None)
 def rollout_ops():
     """The `paddlenlp_ops` module when it provides this project's rollout ops, else None (said once)."""
-    try:
-        import paddlenlp_ops
-    except ImportError:
-        logger.warning("paddlenlp_ops is not installed: rollout uses generate(); build csrc/ for the fast decode loop")
-        return None
-    missing = [name for name in ROLLOUT_OPS if not hasattr(paddlenlp_ops, name)]
-    if missing:
-        where = getattr(paddlenlp_ops, "__file__", None) or "a namespace package"
-        logger.warning(f"the installed paddlenlp_ops ({where}) lacks {missing}: rollout uses generate()")
-        return None
-    return paddlenlp_ops
+    return paddlenlp_ops_with(ROLLOUT_OPS, "rollout uses generate(), not the fast decode loop")
 
 
 @lru_cache(maxsize=None)

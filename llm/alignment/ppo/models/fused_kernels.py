@@ -24,9 +24,7 @@ for code that owns its layer loop.
 """
 
 import contextvars
-import logging
 import types
-from functools import lru_cache
 
 import paddle
 import paddle.nn.functional as F
@@ -34,8 +32,7 @@ from paddlenlp.transformers.llama import modeling as llama_modeling
 from paddlenlp.transformers.qwen2 import modeling as qwen2_modeling
 
 from llm.alignment.ppo.algos.token_stats import entropy_from_logits, gather_logprobs, tempered_logits
-
-logger = logging.getLogger(__name__)
+from llm.alignment.ppo.custom_ops import paddlenlp_ops_with
 
 FUSED_OPS = ("fused_rms_norm", "fused_add_rms_norm", "fused_swiglu", "fused_rotary", "fused_token_logprobs")
 
@@ -48,20 +45,9 @@ ROPE_MODULES = (qwen2_modeling, llama_modeling)
 PATCHED = "_fused_kernels_patched"
 
 
-@lru_cache(maxsize=None)
 def fused_ops():
     """The `paddlenlp_ops` module when it provides the fused ops, else None (said once)."""
-    try:
-        import paddlenlp_ops
-    except ImportError:
-        logger.warning("paddlenlp_ops is not installed: the model runs Paddle's unfused ops; build csrc/ for the fused ones")
-        return None
-    missing = [name for name in FUSED_OPS if not hasattr(paddlenlp_ops, name)]
-    if missing:
-        where = getattr(paddlenlp_ops, "__file__", None) or "a namespace package"
-        logger.warning(f"the installed paddlenlp_ops ({where}) lacks {missing}: the model runs Paddle's unfused ops")
-        return None
-    return paddlenlp_ops
+    return paddlenlp_ops_with(FUSED_OPS, "the model runs Paddle's unfused ops")
 
 
 def fusable(*tensors):

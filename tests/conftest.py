@@ -1,6 +1,10 @@
-import pytest
+from llm.cpu_runtime import configure_cpu_runtime
 
-from helpers import DEMO_WORLD, build_tiny_world, train_reward_model
+configure_cpu_runtime()  # MKL's code path and threads for this CPU, before helpers import paddle
+
+import pytest  # noqa: E402
+
+from helpers import DEMO_WORLD, build_tiny_world, train_reward_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

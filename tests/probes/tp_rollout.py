@@ -14,6 +14,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from llm.cpu_runtime import configure_cpu_runtime  # noqa: E402
+
+configure_cpu_runtime()  # MKL's code path and threads for this CPU, before paddle loads
+
 import paddle  # noqa: E402
 
 from llm.alignment.ppo import infer_utils, run_ppo  # noqa: E402

@@ -1,0 +1,102 @@
+"""CPU math-library settings that must be in the environment before `paddle` is imported.
+
+Paddle's CPU wheel multiplies matrices with MKL (libmklml_intel). On AMD CPUs MKL picks its generic
+code path, about 3x slower than its AVX2 one; `MKL_DEBUG_CPU_TYPE=5` makes it take the AVX2 path.
+MKL reads the variable once, at its first call (measured: set after the first product it has no
+effect), so it is set before `import paddle`.
+
+Threads: `import paddle` sets OMP_NUM_THREADS=1 when it is unset, so MKL runs on one thread.
+`MKL_NUM_THREADS` (which MKL prefers to OMP_NUM_THREADS, and which Paddle's own OpenMP loops ignore)
+gives MKL the cores this process may use, shared among the processes `paddle.distributed.launch` starts
+on this machine (PADDLE_LOCAL_SIZE). A user's OMP_NUM_THREADS is a thread choice too: it is kept, and
+MKL follows it. Paddle's launcher has imported paddle, so its children inherit OMP_NUM_THREADS=1 and
+run MKL on one thread unless MKL_NUM_THREADS is set for them.
+
+Entry points call `configure_cpu_runtime()` before they import paddle. A value the user set in the
+environment is never changed. `PADDLE_ALIGNMENT_CPU_RUNTIME=off` turns all of it off.
+"""
+
+import os
+
+# Records the values set here, so that a child process (which inherits them) can tell them apart from
+# the user's own and recompute them for its own share of the cores.
+MARKER = "PADDLE_ALIGNMENT_CPU_DEFAULTS"
+SWITCH = "PADDLE_ALIGNMENT_CPU_RUNTIME"
+# MKL's AVX2 code path, the one it takes on an Intel CPU with AVX2 and no AVX-512.
+MKL_AVX2 = "5"
+
+
+def read_cpuinfo(path="/proc/cpuinfo"):
+    """The text of /proc/cpuinfo, or "" where there is none (not Linux)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def cpu_vendor_and_flags(cpuinfo):
+    """(vendor_id, set of flags) of the first processor listed in a /proc/cpuinfo text; ("", set())
+    when the text does not say."""
+    vendor, flags = "", set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "vendor_id" and not vendor:
+            vendor = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+        if vendor and flags:
+            break
+    return vendor, flags
+
+
+def usable_cpus():
+    """Cores this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def recommended_settings(cpuinfo, cpus, local_processes=1):
+    """The environment settings for this machine: MKL's AVX2 path on an AMD CPU with AVX2, and MKL's
+    threads, the usable cores shared among the local processes."""
+    settings = {}
+    vendor, flags = cpu_vendor_and_flags(cpuinfo)
+    if vendor == "AuthenticAMD" and "avx2" in flags:
+        settings["MKL_DEBUG_CPU_TYPE"] = MKL_AVX2
+    settings["MKL_NUM_THREADS"] = str(max(1, cpus // max(1, local_processes)))
+    return settings
+
+
+def configure_cpu_runtime(environ=None, cpuinfo=None, cpus=None):
+    """Put the recommended settings into `environ` (default os.environ) where the user has not set them;
+    returns the ones set. Call before `import paddle`. Thread settings are left alone when the user set any
+    of OMP_NUM_THREADS / MKL_NUM_THREADS (MKL follows OMP_NUM_THREADS when MKL_NUM_THREADS is unset)."""
+    environ = os.environ if environ is None else environ
+    if environ.get(SWITCH, "").lower() in ("0", "off", "false", "no"):
+        return {}
+    ours = dict(item.split("=", 1) for item in environ.get(MARKER, "").split(";") if "=" in item)
+
+    def user_set(key):
+        return key in environ and ours.get(key) != environ[key]
+
+    local = int(environ.get("PADDLE_LOCAL_SIZE") or 1)
+    wanted = recommended_settings(read_cpuinfo() if cpuinfo is None else cpuinfo, cpus or usable_cpus(), local)
+    if user_set("OMP_NUM_THREADS"):
+        wanted.pop("MKL_NUM_THREADS")
+        if "MKL_NUM_THREADS" in environ and not user_set("MKL_NUM_THREADS"):
+            del environ["MKL_NUM_THREADS"]  # a parent's share of the cores, not the user's choice
+    applied = {key: value for key, value in wanted.items() if not user_set(key)}
+    environ.update(applied)
+    if applied:
+        environ[MARKER] = ";".join(f"{key}={value}" for key, value in sorted(applied.items()))
+    return applied
+
+
+def describe(environ=None):
+    """One line naming the CPU settings in effect, for benchmark output."""
+    environ = os.environ if environ is None else environ
+    keys = ("MKL_DEBUG_CPU_TYPE", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
+    return "cpu settings: " + ", ".join(f"{key}={environ.get(key, '(unset)')}" for key in keys)

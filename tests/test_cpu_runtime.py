@@ -1,0 +1,140 @@
+"""llm/cpu_runtime.py: MKL's AVX2 path on AMD CPUs and MKL's threads, set before paddle loads, never over the
+user's own settings; and every entry point applies them before it imports paddle."""
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+from llm.cpu_runtime import MARKER, configure_cpu_runtime, cpu_vendor_and_flags, read_cpuinfo, recommended_settings, usable_cpus
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+AMD = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model name\t: AMD EPYC
+flags\t\t: fpu vme sse sse2 avx fma avx2 bmi2
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+flags\t\t: fpu vme sse sse2 avx fma avx2 bmi2
+"""
+INTEL = AMD.replace("AuthenticAMD", "GenuineIntel").replace("AMD EPYC", "Intel(R) Xeon(R)")
+OLD_AMD = AMD.replace(" avx2", "")
+
+ENTRY_POINTS = [
+    "llm/alignment/ppo/run_ppo.py",
+    "llm/alignment/rm/run_reward.py",
+    "llm/run_finetune.py",
+    "llm/predict/predictor.py",
+    "benchmarks/bench_grpo.py",
+    "benchmarks/bench_rollout.py",
+    "benchmarks/bench_matmul.py",
+    "tests/conftest.py",
+    "tests/probes/grpo_first_step.py",
+    "tests/probes/tp_rollout.py",
+    "tests/probes/whiten_over_ranks.py",
+]
+
+
+def test_vendor_and_flags_from_cpuinfo_text():
+    vendor, flags = cpu_vendor_and_flags(AMD)
+    assert vendor == "AuthenticAMD" and {"avx2", "fma"} <= flags
+    assert cpu_vendor_and_flags("") == ("", set())
+    assert read_cpuinfo("/nonexistent/cpuinfo") == ""
+
+
+@pytest.mark.parametrize("cpuinfo, expected", [(AMD, "5"), (INTEL, None), (OLD_AMD, None), ("", None)])
+def test_avx2_path_only_on_amd_cpus_with_avx2(cpuinfo, expected):
+    environ = {}
+    configure_cpu_runtime(environ, cpuinfo=cpuinfo, cpus=2)
+    assert environ.get("MKL_DEBUG_CPU_TYPE") == expected
+    assert environ["MKL_NUM_THREADS"] == "2"
+
+
+def test_user_settings_are_kept():
+    environ = {"MKL_DEBUG_CPU_TYPE": "4", "MKL_NUM_THREADS": "3"}
+    assert configure_cpu_runtime(environ, cpuinfo=AMD, cpus=2) == {}
+    assert environ == {"MKL_DEBUG_CPU_TYPE": "4", "MKL_NUM_THREADS": "3"}
+    # MKL follows OMP_NUM_THREADS when MKL_NUM_THREADS is unset: the user's OMP_NUM_THREADS decides.
+    environ = {"OMP_NUM_THREADS": "1"}
+    assert configure_cpu_runtime(environ, cpuinfo=AMD, cpus=2) == {"MKL_DEBUG_CPU_TYPE": "5"}
+    assert "MKL_NUM_THREADS" not in environ and environ["OMP_NUM_THREADS"] == "1"
+
+
+def test_switched_off():
+    environ = {"PADDLE_ALIGNMENT_CPU_RUNTIME": "off"}
+    assert configure_cpu_runtime(environ, cpuinfo=AMD, cpus=2) == {}
+    assert environ == {"PADDLE_ALIGNMENT_CPU_RUNTIME": "off"}
+
+
+def test_launched_processes_share_the_cores():
+    parent = {}
+    configure_cpu_runtime(parent, cpuinfo=AMD, cpus=2)
+    assert parent["MKL_NUM_THREADS"] == "2" and MARKER in parent
+    again = dict(parent)
+    configure_cpu_runtime(again, cpuinfo=AMD, cpus=2)
+    assert again == parent
+    # A child of `paddle.distributed.launch --nproc_per_node 2` inherits the parent's values: they are not
+    # the user's, so it takes its own share.
+    child = dict(parent, PADDLE_LOCAL_SIZE="2")
+    configure_cpu_runtime(child, cpuinfo=AMD, cpus=2)
+    assert child["MKL_NUM_THREADS"] == "1" and child["MKL_DEBUG_CPU_TYPE"] == "5"
+    # ... and a child started with the user's OMP_NUM_THREADS drops the parent's MKL_NUM_THREADS.
+    child = dict(parent, OMP_NUM_THREADS="1")
+    configure_cpu_runtime(child, cpuinfo=AMD, cpus=2)
+    assert "MKL_NUM_THREADS" not in child
+    # A user's value equal to nothing set here stays, even next to the marker.
+    child = dict(parent, MKL_NUM_THREADS="7", PADDLE_LOCAL_SIZE="2")
+    configure_cpu_runtime(child, cpuinfo=AMD, cpus=2)
+    assert child["MKL_NUM_THREADS"] == "7"
+
+
+def test_threads_never_below_one():
+    assert recommended_settings(INTEL, cpus=2, local_processes=8)["MKL_NUM_THREADS"] == "1"
+
+
+def first_line(tree, predicate):
+    lines = [node.lineno for node in ast.walk(tree) if predicate(node)]
+    return min(lines) if lines else None
+
+
+def imports_paddle(node):
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0:
+        names = [node.module]
+        if node.module.startswith("llm") and node.module != "llm.cpu_runtime":
+            return True  # llm's modules import paddle
+    else:
+        return False
+    return any(name.split(".")[0] in ("paddle", "paddlenlp", "helpers") for name in names)
+
+
+@pytest.mark.parametrize("path", ENTRY_POINTS)
+def test_entry_points_configure_before_paddle_loads(path):
+    with open(os.path.join(REPO_ROOT, path), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    configured = first_line(
+        tree, lambda n: isinstance(n, ast.Call) and getattr(n.func, "id", None) == "configure_cpu_runtime"
+    )
+    assert configured is not None, f"{path} does not call configure_cpu_runtime()"
+    assert configured < first_line(tree, imports_paddle), f"{path} imports paddle before configure_cpu_runtime()"
+
+
+def test_a_fresh_process_gets_the_settings():
+    env = {k: v for k, v in os.environ.items() if k not in ("MKL_DEBUG_CPU_TYPE", "MKL_NUM_THREADS", "OMP_NUM_THREADS", MARKER)}
+    env.pop("PADDLE_ALIGNMENT_CPU_RUNTIME", None)
+    result = subprocess.run(
+        [sys.executable, "benchmarks/bench_matmul.py", "--seconds", "0.01"], cwd=REPO_ROOT, env=env,
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = recommended_settings(read_cpuinfo(), usable_cpus())
+    settings = result.stdout.splitlines()[0]
+    assert f"MKL_DEBUG_CPU_TYPE={expected.get('MKL_DEBUG_CPU_TYPE', '(unset)')}" in settings
+    assert f"MKL_NUM_THREADS={expected['MKL_NUM_THREADS']}" in settings
+    assert result.stdout.strip().splitlines()[-1].startswith("gflops_geomean=")

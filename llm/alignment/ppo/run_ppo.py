@@ -10,6 +10,10 @@ import sys
 if not __package__:  # run as a script path: make the repository root importable
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
 
+from llm.cpu_runtime import configure_cpu_runtime
+
+configure_cpu_runtime()  # MKL's code path and threads for this CPU, before paddle loads
+
 import paddle
 from paddlenlp.peft import LoRAConfig, LoRAModel
 from paddlenlp.trainer import set_seed

@@ -1,6 +1,6 @@
 """The fused CPU kernels (csrc/fused_ops.cc via models/fused_kernels.py) against Paddle's unfused ops.
 
-    python benchmarks/bench_fused_kernels.py [--repeats 7] [--grpo] [--grpo_steps 4] [-- --key value ...]
+    python benchmarks/bench_fused_kernels.py [--repeats 7]
 
 Prints, in microseconds (median over repeats; fused and unfused runs interleaved, so load from other
 processes falls on both):
@@ -8,13 +8,12 @@ processes falls on both):
   vocabulary 259), forward and forward + backward;
 - the demo's model (a fresh 4-layer, hidden-128 Qwen2 from llm/tools/build_tiny_model.py) on 64 x 14
   tokens: the forward without gradients, and forward + token log-probs and entropy + backward, unpatched
-  and with `use_fused_kernels(model)` (and the fused log-prob op);
-- with --grpo, the whole GRPO step of config/tiny/grpo_argument.json on the random tiny model (the
-  trainer built as benchmarks/bench_grpo.py builds it; arguments after `--` override the config), in
-  blocks of --grpo_steps steps alternating unpatched and patched (policy and reference models, and the
-  policy objective's log-prob and entropy functions, patched in this process only).
+  and with `use_fused_kernels(model)` (and the fused log-prob op).
 
-Set MKL_DEBUG_CPU_TYPE=5 on AMD CPUs (MKL's AVX2 path), as the CPU entry points do.
+The whole GRPO step with and without them: `PADDLE_ALIGNMENT_FUSED_KERNELS=off` switches them off, so
+
+    python benchmarks/compare_env.py --rounds 3 --variant "unfused=PADDLE_ALIGNMENT_FUSED_KERNELS=off" \
+        --variant "fused=" -- benchmarks/bench_grpo.py --random_model
 """
 
 import argparse
@@ -25,6 +24,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+
+from llm.cpu_runtime import configure_cpu_runtime, describe  # noqa: E402
+
+configure_cpu_runtime()  # before paddle loads
 
 import paddle  # noqa: E402
 import paddle.nn.functional as F  # noqa: E402
@@ -173,72 +176,17 @@ def bench_model(repeats):
     print(f"{'forward + log-probs/entropy + backward':50s} {step['unfused'] * 1e3:9.1f} {step['fused'] * 1e3:9.1f}")
 
 
-def bench_grpo(blocks, steps, overrides):
-    from llm.alignment.ppo.models import ppo_model_utils
-    from llm.alignment.ppo.run_ppo import build_trainer
-    from llm.tools.gen_arith import generate
-
-    work = tempfile.mkdtemp(prefix="bench_fused_grpo_")
-    generate(os.path.join(work, "data"), num_sft=0)
-    tiny_model(work)
-    trainer = build_trainer([
-        os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json"),
-        "--actor_model_name_or_path", os.path.join(work, "model"),
-        "--train_datasets", os.path.join(work, "data", "rl", "train.jsonl"),
-        "--eval_datasets", "",
-        "--output_dir", os.path.join(work, "out"),
-        "--logging_dir", os.path.join(work, "vdl"),
-        "--use_rm_server", "false",
-        "--use_rule_reward", "true",
-        "--max_steps", str(1000),
-        *overrides,
-    ])
-    trainer.prepare_training()
-    batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size)
-    models = [m for m in (trainer.model, getattr(trainer, "reference_model", None)) if m is not None]
-    # The objective's two softmax passes, each on the fused op (the trainer proper would make one call).
-    unfused_functions = (ppo_model_utils.gather_logprobs, ppo_model_utils.entropy_from_logits)
-    fused_functions = (
-        lambda logits, labels: token_logprobs_and_entropy(logits, labels)[0],
-        lambda logits: token_logprobs_and_entropy(logits, paddle.zeros(logits.shape[:-1], "int64"))[1],
-    )
-
-    def switch(on):
-        for model in models:
-            (use_fused_kernels if on else use_unfused_kernels)(model)
-        ppo_model_utils.gather_logprobs, ppo_model_utils.entropy_from_logits = fused_functions if on else unfused_functions
-
-    for on in (False, True):  # warm-up
-        switch(on)
-        trainer.rl_step(batches)
-    samples = {False: [], True: []}
-    for _ in range(blocks):
-        for on in (False, True):
-            switch(on)
-            samples[on].append(seconds_per_call(lambda: trainer.rl_step(batches), steps))
-    switch(False)
-    print(f"\nGRPO step ({blocks} blocks of {steps} steps each way)   unfused {statistics.median(samples[False]):.3f} s"
-          f"   fused {statistics.median(samples[True]):.3f} s")
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--grpo", action="store_true", help="also time the whole GRPO step")
-    parser.add_argument("--grpo_blocks", type=int, default=4)
-    parser.add_argument("--grpo_steps", type=int, default=3)
-    parser.add_argument("overrides", nargs="*", help="GRPO config overrides, e.g. -- --max_dec_len 8")
     args = parser.parse_args()
     if fused_ops() is None:
         sys.exit("paddlenlp_ops lacks the fused ops: python csrc/setup_cpu.py install")
     paddle.set_device("cpu")
-    settings = {key: os.environ.get(key, "") for key in ("MKL_DEBUG_CPU_TYPE", "MKL_NUM_THREADS", "OMP_NUM_THREADS")}
-    print("settings:", " ".join(f"{k}={v or '-'}" for k, v in settings.items()))
+    print(describe())
     paddle.seed(0)
     bench_ops(args.repeats)
     bench_model(args.repeats)
-    if args.grpo:
-        bench_grpo(args.grpo_blocks, args.grpo_steps, args.overrides)
 
 
 if __name__ == "__main__":

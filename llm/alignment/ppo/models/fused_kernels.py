@@ -24,6 +24,7 @@ for code that owns its layer loop.
 """
 
 import contextvars
+import os
 import types
 
 import paddle
@@ -34,6 +35,7 @@ from paddlenlp.transformers.qwen2 import modeling as qwen2_modeling
 from llm.alignment.ppo.algos.token_stats import entropy_from_logits, gather_logprobs, tempered_logits
 from llm.alignment.ppo.custom_ops import paddlenlp_ops_with
 
+SWITCH = "PADDLE_ALIGNMENT_FUSED_KERNELS"
 FUSED_OPS = ("fused_rms_norm", "fused_add_rms_norm", "fused_swiglu", "fused_rotary", "fused_token_logprobs")
 
 RMS_NORMS = (qwen2_modeling.Qwen2RMSNorm, llama_modeling.LlamaRMSNorm)
@@ -46,7 +48,10 @@ PATCHED = "_fused_kernels_patched"
 
 
 def fused_ops():
-    """The `paddlenlp_ops` module when it provides the fused ops, else None (said once)."""
+    """The `paddlenlp_ops` module when it provides the fused ops (said once when not), else None; None too
+    with PADDLE_ALIGNMENT_FUSED_KERNELS=off in the environment (Paddle's own ops, for comparison or debugging)."""
+    if os.environ.get(SWITCH, "on").lower() == "off":
+        return None
     return paddlenlp_ops_with(FUSED_OPS, "the model runs Paddle's unfused ops")
 
 

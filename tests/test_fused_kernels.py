@@ -367,3 +367,14 @@ def test_patch_is_per_model(ops):
             p.set_value(p * 0.5)
     inputs = batch()
     assert not np.allclose(logits_and_grads(copied, *inputs)[0], logits_and_grads(patched, *inputs)[0])
+
+
+def test_the_environment_switch_turns_the_kernels_off(monkeypatch, ops):
+    monkeypatch.setenv("PADDLE_ALIGNMENT_FUSED_KERNELS", "off")
+    assert fused_kernels.fused_ops() is None
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    assert use_fused_kernels(model) == 0
+    monkeypatch.setenv("PADDLE_ALIGNMENT_FUSED_KERNELS", "on")
+    assert fused_kernels.fused_ops() is ops and use_fused_kernels(model) > 0
+    use_unfused_kernels(model)

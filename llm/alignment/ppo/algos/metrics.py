@@ -33,5 +33,5 @@ def rlhf_objective_metrics(scores, response_mask, logprobs=None, ref_logprobs=No
 def gradient_norm(parameters):
     """The global L2 norm of the gradients of `parameters` (in float32), as the optimizer's global-norm clip
     measures it before clipping."""
-    squares = [(p.grad.astype("float32") ** 2).sum() for p in parameters if p.grad is not None]
+    squares = [paddle.square(p.grad.astype("float32")).sum() for p in parameters if p.grad is not None]
     return float(paddle.sqrt(paddle.add_n(squares))) if squares else 0.0

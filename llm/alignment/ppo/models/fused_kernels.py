@@ -70,7 +70,7 @@ def fusable(*tensors):
 
 def rms_norm_reference(x, weight, epsilon):
     """paddlenlp's Qwen2/Llama RMSNorm (float32 statistics), as Paddle ops."""
-    variance = x.astype("float32").pow(2).mean(-1, keepdim=True)
+    variance = paddle.square(x.astype("float32")).mean(-1, keepdim=True)
     hidden = paddle.rsqrt(variance + epsilon) * x
     if weight.dtype in (paddle.float16, paddle.bfloat16):
         hidden = hidden.astype(weight.dtype)

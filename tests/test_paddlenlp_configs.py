@@ -177,3 +177,18 @@ def test_yaml_errors_name_the_file(tmp_path):
     listed.write_text("- rl_algorithm\n")
     with pytest.raises(ValueError, match="must hold a mapping of keys to values"):
         parse_arguments([str(listed)])
+
+
+def test_interval_strategies_name_the_steps_that_save_or_evaluate():
+    from types import SimpleNamespace
+
+    from llm.alignment.ppo.ppo_trainer import PPOTrainer
+
+    trainer = SimpleNamespace(args=SimpleNamespace(max_steps=12), steps_per_epoch=lambda: 5)
+    due = {
+        strategy: [step for step in range(1, 13) if PPOTrainer.is_interval_step(trainer, strategy, 4, step)]
+        for strategy in ("steps", "epoch", "no")
+    }
+    # The last step is never an interval step: the run saves and evaluates at its end anyway.
+    assert due == {"steps": [4, 8], "epoch": [5, 10], "no": []}
+    assert not any(PPOTrainer.is_interval_step(trainer, "steps", None, step) for step in range(1, 13))

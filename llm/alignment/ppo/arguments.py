@@ -434,7 +434,7 @@ class RLTrainingArguments(ModelKernelArguments, TrainingArguments):
         for key in [
             "clip_range_ratio_low", "clip_range_ratio_high", "clip_range_score", "kl_loss_coeff", "entropy_coeff",
             "kl_coeff", "overlong_penalty_factor", "reward_server_max_retries", "clip_range_value", "ptx_coeff", "pg_loss_coeff",
-            "missing_eos_penalty", "max_gen_batches", "critic_weight_decay", "clip_ratio_c", "save_steps", "eval_steps",
+            "missing_eos_penalty", "critic_weight_decay", "clip_ratio_c", "save_steps", "eval_steps",
             "logging_steps", "save_total_limit", "num_sample_logs", "learning_rate", "weight_decay", "warmup_steps",
             "max_grad_norm", "critic_learning_rate",
         ]:

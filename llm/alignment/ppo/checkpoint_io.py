@@ -208,7 +208,7 @@ def loads_optimizer(path, part, args):
     """Whether `part`'s optimizer and scheduler state is restored from checkpoint `path`."""
     if args.ignore_load_lr_and_optim:
         return False
-    return os.path.isfile(os.path.join(path, optimizer_file(part.optimizer_name, args))) or not optimizer_state_optional(args)
+    return not args.ignore_save_lr_and_optim or os.path.isfile(os.path.join(path, optimizer_file(part.optimizer_name, args)))
 
 
 def files_to_load(trainer):

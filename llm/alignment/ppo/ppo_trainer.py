@@ -249,17 +249,19 @@ class PPOTrainer(Trainer):
     def is_interval_step(self, strategy, steps, step):
         """Whether `step`, before the last, ends an interval of paddlenlp's IntervalStrategy `strategy`:
         every `steps` steps, every epoch, or never ("no")."""
-        interval = {"steps": steps, "epoch": self.steps_per_epoch()}.get(strategy) or 0
+        if strategy == "epoch":
+            interval = self.steps_per_epoch()
+        else:
+            interval = (steps or 0) if strategy == "steps" else 0
         return interval > 0 and step % interval == 0 and step < self.args.max_steps
 
     def resolve_max_steps(self):
         """max_steps -1: the steps of num_train_epochs passes over the prompts (PaddleNLP's meaning)."""
         if self.args.max_steps > 0:
             return
-        self.args.max_steps = max(1, math.ceil(self.args.num_train_epochs * self.steps_per_epoch()))
-        logger.info(
-            f"max_steps -1: {self.args.num_train_epochs} epoch(s) of {self.steps_per_epoch()} steps = {self.args.max_steps} steps"
-        )
+        per_epoch = self.steps_per_epoch()
+        self.args.max_steps = max(1, math.ceil(self.args.num_train_epochs * per_epoch))
+        logger.info(f"max_steps -1: {self.args.num_train_epochs} epoch(s) of {per_epoch} steps = {self.args.max_steps} steps")
 
     def rerun_finished(self, step):
         """A rerun of a finished run changes nothing, except that it writes the final models from the last

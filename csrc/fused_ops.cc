@@ -3,29 +3,21 @@
 // grad op (PD_BUILD_GRAD_OP), float32 on CPU. llm/alignment/ppo/models/fused_kernels.py puts them into
 // paddlenlp's Qwen2/Llama layers; csrc/README.md documents them. CUDA kernels are not written yet.
 //
-// The row loops are plain C++ under `#pragma omp simd` (built with -fopenmp-simd: no OpenMP runtime).
-// With GCC on x86-64 each loop is also compiled for x86-64-v3 (AVX2 + FMA) and the loader picks that
-// clone on CPUs that have it (target_clones); elsewhere the baseline clone runs.
+// The row loops are plain C++ under `#pragma omp simd` (built with -fopenmp-simd: no OpenMP runtime),
+// each also compiled for AVX2 + FMA where GCC can (common/cpu_clones.h).
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "common/cpu_clones.h"
 #include "common/fused_math.h"
+#include "common/op_checks.h"
 #include "paddle/extension.h"
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(FUSED_OPS_NO_CLONES)
-#define FUSED_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define FUSED_CPU_CLONES
-#endif
 
 namespace {
 
-void CheckFloat32CPU(const paddle::Tensor& t, const char* name) {
-  PD_CHECK(t.is_cpu(), name, " must be a CPU tensor (the fused ops have no GPU kernels yet)");
-  PD_CHECK(t.dtype() == paddle::DataType::FLOAT32, name, " must be float32");
-}
+using fused::CheckFloat32CPU;
 
 int64_t LastDim(const paddle::Tensor& t, const char* name) {
   PD_CHECK(!t.shape().empty() && t.shape().back() > 0, name, " must have a non-empty last dimension");

@@ -3,12 +3,14 @@ gradients, and paddlenlp's Qwen2/Llama with the ops put in (models/fused_kernels
 without them."""
 
 import copy
+from types import SimpleNamespace
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 import pytest
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from paddlenlp.transformers.llama import modeling as llama_modeling
 from paddlenlp.transformers.qwen2 import modeling as qwen2_modeling
 
 from helpers import built_paddlenlp_ops
@@ -192,6 +194,56 @@ def test_rotary_refuses_positions_outside_the_table(ops):
         ops.fused_rotary(q, q, cos, sin, paddle.to_tensor([[0, 4]], dtype="int64"))
 
 
+# ---- core attention --------------------------------------------------------------------------------
+
+
+def decoder_mask(padding, queries, keys):
+    """paddlenlp's additive attention mask for left-padded rows (`padding` [B] pad tokens each) whose last
+    `queries` of `keys` positions are queried: [B, 1, queries, keys], 0 or float32's lowest value."""
+    attention_mask = paddle.to_tensor((np.arange(keys)[None, :] >= np.asarray(padding)[:, None]).astype("int64"))
+    return qwen2_modeling.Qwen2Model._prepare_decoder_attention_mask(
+        attention_mask, (len(padding), queries), keys - queries, paddle.float32
+    )
+
+
+def unfused_attention(modeling, q, k, v, mask):
+    """paddlenlp's own path: k and v heads repeated, then scaled_dot_product_attention (no dropout)."""
+    repeat_kv = fused_kernels.UNFUSED_REPEAT_KV.get(modeling, modeling.repeat_kv)
+    groups = q.shape[2] // k.shape[2]
+    config = SimpleNamespace(use_flash_attention=False, attention_dropout=0.0, context_parallel_degree=1)
+    return modeling.scaled_dot_product_attention(q, config, repeat_kv(k, groups), repeat_kv(v, groups), mask, False)
+
+
+# (batch, queries, keys, q_heads, kv_heads, head_dim): grouped heads, one kv head, plain multi-head, the
+# demo's shape, and one query over a cache (decoding).
+ATTENTION_SHAPES = [(3, 9, 9, 4, 2, 8), (2, 5, 5, 3, 1, 6), (2, 7, 7, 2, 2, 4), (64, 14, 14, 4, 2, 32), (3, 1, 6, 4, 2, 8)]
+
+
+@pytest.mark.parametrize("modeling", [qwen2_modeling, llama_modeling], ids=["qwen2", "llama"])
+@pytest.mark.parametrize("batch,queries,keys,q_heads,kv_heads,dim", ATTENTION_SHAPES)
+def test_attention_matches_paddlenlp(ops, modeling, batch, queries, keys, q_heads, kv_heads, dim):
+    # Left padding of up to keys - 1 tokens: pad queries attend to no key at all (paddlenlp's softmax then
+    # spreads them evenly), which the fused op must reproduce, gradients included.
+    padding = RNG.integers(0, keys, size=batch)
+    padding[0] = 0
+    mask = decoder_mask(padding, queries, keys)
+    q = tensor(randn(batch, queries, q_heads, dim, scale=2.0))
+    k, v = tensor(randn(batch, keys, kv_heads, dim, scale=2.0)), tensor(randn(batch, keys, kv_heads, dim))
+    out, probs = ops.fused_attention(q, k, v, mask, 1.0 / np.sqrt(dim))
+    reference = unfused_attention(modeling, q, k, v, mask)
+    assert out.shape == reference.shape == [batch, queries, q_heads * dim] and probs.shape == [batch, q_heads, queries, keys]
+    assert_close(out, reference)
+    g = tensor(randn(*reference.shape), grad=False)
+    for actual, expected in zip(grads([out], [q, k, v], [g]), grads([reference], [q, k, v], [g])):
+        assert_close(actual, expected)
+
+
+def test_attention_refuses_mismatched_heads(ops):
+    q, k = tensor(randn(1, 2, 3, 4)), tensor(randn(1, 2, 2, 4))
+    with pytest.raises(Exception, match="must divide"):
+        ops.fused_attention(q, k, k, decoder_mask([0], 2, 2), 0.5)
+
+
 # ---- token log-probs and entropy -------------------------------------------------------------------
 
 
@@ -329,7 +381,8 @@ def test_patched_model_matches_unpatched(ops, model_class, config_class, overrid
     monkeypatch.setattr(fused_kernels, "fused_ops", lambda: counting)
     logits, param_grads = logits_and_grads(model, *inputs)
     assert counting.calls == {
-        "fused_rms_norm": 2 * layers + 1, "fused_swiglu": layers, "fused_rotary": layers, "fused_token_logprobs": 1
+        "fused_rms_norm": 2 * layers + 1, "fused_swiglu": layers, "fused_rotary": layers, "fused_attention": layers,
+        "fused_token_logprobs": 1,
     }
     assert_close(logits, expected_logits)
     assert param_grads.keys() == expected_grads.keys()
@@ -340,17 +393,63 @@ def test_patched_model_matches_unpatched(ops, model_class, config_class, overrid
     assert_close(logits, expected_logits, rtol=0, atol=0)
 
 
-def test_patched_model_under_recompute(ops):
-    model = tiny_causal_lm(Qwen2ForCausalLM, Qwen2Config, recompute=True)
+@pytest.mark.parametrize("granularity", ["full", "full_attn", "core_attn"])
+def test_patched_model_under_recompute(ops, granularity, monkeypatch):
+    model = tiny_causal_lm(Qwen2ForCausalLM, Qwen2Config, recompute=True, recompute_granularity=granularity)
     model.train()
     inputs = batch()
     expected_logits, expected_grads = logits_and_grads(model, *inputs)
     model.recompute_enable()
     use_fused_kernels(model)
+    counting = CountingOps(ops)
+    monkeypatch.setattr(fused_kernels, "fused_ops", lambda: counting)
     logits, param_grads = logits_and_grads(model, *inputs)
+    # The recomputed part runs its ops twice: forward, then again before its backward.
+    assert counting.calls["fused_attention"] == 2 * model.config.num_hidden_layers
     assert_close(logits, expected_logits)
     for name, grad in param_grads.items():
         assert_close_summed(grad, expected_grads[name], err_msg=name)
+
+
+@pytest.mark.parametrize("model_class,config_class", [(Qwen2ForCausalLM, Qwen2Config), (LlamaForCausalLM, LlamaConfig)])
+def test_patched_attention_falls_back_where_the_op_does_not_apply(ops, model_class, config_class, monkeypatch):
+    """Attention probabilities asked for: paddlenlp's own attention runs, on k and v heads the fallback repeats
+    (the patched layer's repeat_kv left them grouped), and the model's results are the unpatched ones."""
+    model = tiny_causal_lm(model_class, config_class)
+    model.eval()
+    input_ids, attention_mask, position_ids = batch()
+
+    def run():
+        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                     output_attentions=True, return_dict=True)
+
+    expected = run()
+    attention = next(layer for layer in model.sublayers() if isinstance(layer, fused_kernels.ATTENTIONS))
+    original_attn_func = attention.attn_func
+    use_fused_kernels(model)
+    counting = CountingOps(ops)
+    monkeypatch.setattr(fused_kernels, "fused_ops", lambda: counting)
+    actual = run()
+    assert "fused_attention" not in counting.calls and counting.calls["fused_rotary"] == model.config.num_hidden_layers
+    assert_close(actual.logits, expected.logits)
+    for a, e in zip(actual.attentions, expected.attentions):
+        assert_close(a, e)
+    use_unfused_kernels(model)
+    assert attention.attn_func is original_attn_func
+
+
+def test_qwen2_attention_dropout_in_training_runs_paddlenlp_attention(ops, monkeypatch):
+    model = tiny_causal_lm(Qwen2ForCausalLM, Qwen2Config, attention_dropout=0.5)
+    use_fused_kernels(model)
+    counting = CountingOps(ops)
+    monkeypatch.setattr(fused_kernels, "fused_ops", lambda: counting)
+    inputs = batch()
+    model.train()
+    logits_and_grads(model, *inputs)
+    assert "fused_attention" not in counting.calls
+    model.eval()  # no dropout: the fused op
+    logits_and_grads(model, *inputs)
+    assert counting.calls["fused_attention"] == model.config.num_hidden_layers
 
 
 def test_patch_is_per_model(ops):

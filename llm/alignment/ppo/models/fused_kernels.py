@@ -9,14 +9,17 @@ Paddle's unfused ops to 1e-5 in float32:
 - `rotary(q, k, cos, sin, position_ids)`: paddlenlp's `apply_rotary_pos_emb` (rotate_half convention);
 - `add_rms_norm(x, residual, weight, eps)`: the residual add and the norm after it, both results;
 - `token_logprobs_and_entropy(logits, labels, temperature)`: log p(label) and the entropy of
-  softmax(logits / temperature) in one op (the trainer's log-prob path).
+  softmax(logits / temperature) in one op (the trainer's log-prob path);
+- `fused_attention` (csrc/attention_ops.cc): the attention layers' core, softmax(q k^T / sqrt(d) + mask) v,
+  with grouped-query heads read in place (paddlenlp repeats k and v in memory, and its gradient sums them
+  back: together about 10 ms of the demo's 11 ms per layer, forward and backward).
 
 Each falls back to Paddle's own ops where the fused op does not apply (ops not built, not a float32 CPU
 tensor, a distributed tensor), so callers need no checks of their own.
 
-`use_fused_kernels(model)` puts the first three into a paddlenlp Qwen2/Llama model's layers, per instance
-(the RMSNorms' and MLPs' `forward`, and the rotary step of the attention layers), and
-`use_unfused_kernels(model)` takes them out again. Patched models train under recompute. The fast decode
+`use_fused_kernels(model)` puts the first three and the attention into a paddlenlp Qwen2/Llama model's layers,
+per instance (the RMSNorms' and MLPs' `forward`; the attention layers' rotary step, repeat_kv and `attn_func`),
+and `use_unfused_kernels(model)` takes them out again. Patched models train under recompute. The fast decode
 loop (models/static_cache_decoder.py) keeps its own norm/rope/MLP code, which the patch does not reach; it
 can call `rms_norm`, `rotary` and `swiglu` directly. The residual add is not fused into the layers (that
 would mean replacing paddlenlp's decoder-layer forward for about 0.1 ms per add); `add_rms_norm` is there
@@ -24,6 +27,7 @@ for code that owns its layer loop.
 """
 
 import contextvars
+import math
 import os
 import types
 
@@ -36,13 +40,15 @@ from llm.alignment.ppo.algos.token_stats import entropy_from_logits, gather_logp
 from llm.alignment.ppo.custom_ops import paddlenlp_ops_with
 
 SWITCH = "PADDLE_ALIGNMENT_FUSED_KERNELS"
-FUSED_OPS = ("fused_rms_norm", "fused_add_rms_norm", "fused_swiglu", "fused_rotary", "fused_token_logprobs")
+FUSED_OPS = (
+    "fused_rms_norm", "fused_add_rms_norm", "fused_swiglu", "fused_rotary", "fused_token_logprobs", "fused_attention"
+)
 
 RMS_NORMS = (qwen2_modeling.Qwen2RMSNorm, llama_modeling.LlamaRMSNorm)
 MLPS = (qwen2_modeling.Qwen2MLP, llama_modeling.LlamaMLP)
 ATTENTIONS = (qwen2_modeling.Qwen2Attention, llama_modeling.LlamaAttention)
-# The modules whose attention layers look up `apply_rotary_pos_emb` by name at call time.
-ROPE_MODULES = (qwen2_modeling, llama_modeling)
+# The modules whose attention layers look up `apply_rotary_pos_emb` and `repeat_kv` by name at call time.
+ATTENTION_MODULES = (qwen2_modeling, llama_modeling)
 
 PATCHED = "_fused_kernels_patched"
 
@@ -164,29 +170,90 @@ def token_logprobs_and_entropy(logits, labels, temperature=1.0):
 
 # ---- putting them into paddlenlp's layers -----------------------------------------------------------
 
-# Set while a patched attention layer runs: the rotary step inside it takes the fused op.
-_FUSED_ROTARY = contextvars.ContextVar("fused_rotary", default=False)
+# The patched attention layer that is running, if any: its rotary step takes the fused op, and its repeat_kv
+# leaves grouped k and v heads unrepeated for its FusedAttention to read in place.
+_PATCHED_ATTENTION = contextvars.ContextVar("patched_attention", default=None)
 UNFUSED_ROTARY = {}  # module -> its own apply_rotary_pos_emb
+UNFUSED_REPEAT_KV = {}  # module -> its own repeat_kv
 
 
 def _rotary_dispatch(original):
     def apply_rotary_pos_emb(q, k, cos, sin, position_ids):
-        if _FUSED_ROTARY.get() and rotary_fusable(q, k, cos, sin, position_ids):
-            return tuple(fused_ops().fused_rotary(q, k, cos, sin, position_ids.astype("int64")))
+        if _PATCHED_ATTENTION.get() is not None and rotary_fusable(q, k, cos, sin, position_ids):
+            ops = fused_ops()
+            if ops is not None:
+                return tuple(ops.fused_rotary(q, k, cos, sin, position_ids.astype("int64")))
         return original(q, k, cos, sin, position_ids)
 
     apply_rotary_pos_emb.__wrapped__ = original
     return apply_rotary_pos_emb
 
 
-def _install_rotary_dispatch():
-    """Route paddlenlp's `apply_rotary_pos_emb` (looked up by name when an attention layer runs) through a
-    dispatcher that takes the fused op only inside a patched attention layer and calls the original
-    everywhere else, so unpatched models are unaffected. Installed once, at the first patch."""
-    for module in ROPE_MODULES:
+def _defers_repeat_kv(layer):
+    # paddlenlp's attention layers repeat k and v unless flash attention is configured (it reads grouped heads).
+    return isinstance(layer.attn_func, FusedAttention) and not layer.config.use_flash_attention
+
+
+def _repeat_kv_dispatch(original):
+    def repeat_kv(hidden_states, n_rep):
+        layer = _PATCHED_ATTENTION.get()
+        if layer is not None and _defers_repeat_kv(layer):
+            return hidden_states
+        return original(hidden_states, n_rep)
+
+    repeat_kv.__wrapped__ = original
+    return repeat_kv
+
+
+def _install_dispatchers():
+    """Route paddlenlp's `apply_rotary_pos_emb` and `repeat_kv` (looked up by name when an attention layer
+    runs) through dispatchers that change what they do only inside a patched attention layer and call the
+    originals everywhere else, so unpatched models are unaffected. Installed once, at the first patch."""
+    for module in ATTENTION_MODULES:
         if module not in UNFUSED_ROTARY:
             UNFUSED_ROTARY[module] = module.apply_rotary_pos_emb
             module.apply_rotary_pos_emb = _rotary_dispatch(module.apply_rotary_pos_emb)
+            UNFUSED_REPEAT_KV[module] = module.repeat_kv
+            module.repeat_kv = _repeat_kv_dispatch(module.repeat_kv)
+
+
+def attention_fusable(query, key, value, attention_mask, output_attentions, config, args, kwargs):
+    """Whether the fused attention op computes what paddlenlp's `scaled_dot_product_attention` would with these
+    arguments: float32 CPU tensors, the additive float mask paddlenlp's models build (it is None only where
+    the model is told the mask is causal by other means), no attention probabilities returned, no attention
+    dropout (Qwen2 applies it in training), and none of the extras for other setups (Llama's alibi, start/end
+    row indices, sequence or context parallel)."""
+    extras = [*args, kwargs.get("attn_mask_startend_row_indices"), kwargs.get("reshard_layer")]
+    return (
+        attention_mask is not None
+        and fusable(query, key, value, attention_mask)
+        and attention_mask.stop_gradient
+        and not output_attentions
+        and all(extra is None for extra in extras)
+        and not kwargs.get("sequence_parallel", False)
+        and not kwargs.get("npu_is_casual", False)
+        and getattr(config, "context_parallel_degree", 1) <= 1
+        and not (kwargs.get("training", False) and getattr(config, "attention_dropout", 0.0) > 0)
+    )
+
+
+class FusedAttention:
+    """A patched attention layer's `attn_func`: paddlenlp's `scaled_dot_product_attention` (`original`, the
+    layer's own) with the fused op where it applies. The layer's repeat_kv has left grouped k and v heads
+    unrepeated, so where the op does not apply they are repeated here before `original` runs."""
+
+    def __init__(self, original, repeat_kv):
+        self.original, self.repeat_kv = original, repeat_kv
+
+    def __call__(self, query, config, key, value, attention_mask, output_attentions, *args, **kwargs):
+        if config.use_flash_attention:
+            return self.original(query, config, key, value, attention_mask, output_attentions, *args, **kwargs)
+        ops = fused_ops()
+        if ops is not None and attention_fusable(query, key, value, attention_mask, output_attentions, config, args, kwargs):
+            return ops.fused_attention(query, key, value, attention_mask, 1.0 / math.sqrt(query.shape[-1]))[0]
+        groups = query.shape[2] // key.shape[2]
+        key, value = self.repeat_kv(key, groups), self.repeat_kv(value, groups)
+        return self.original(query, config, key, value, attention_mask, output_attentions, *args, **kwargs)
 
 
 # The patched forwards are bound to their layer (types.MethodType), so a deep copy of a patched model is
@@ -210,11 +277,15 @@ def _fused_mlp_forward(self, x):
 
 
 def _fused_attention_forward(self, *args, **kwargs):
-    token = _FUSED_ROTARY.set(True)
+    token = _PATCHED_ATTENTION.set(self)
     try:
         return type(self).forward(self, *args, **kwargs)
     finally:
-        _FUSED_ROTARY.reset(token)
+        _PATCHED_ATTENTION.reset(token)
+
+
+def _modeling_module(attention):
+    return qwen2_modeling if isinstance(attention, qwen2_modeling.Qwen2Attention) else llama_modeling
 
 
 def _mlp_is_swiglu(mlp):
@@ -223,7 +294,7 @@ def _mlp_is_swiglu(mlp):
 
 
 def use_fused_kernels(model):
-    """Put the fused RMSNorm, SwiGLU and rotary kernels into the Qwen2/Llama layers of `model` (any layer
+    """Put the fused RMSNorm, SwiGLU, rotary and attention kernels into the Qwen2/Llama layers of `model` (any layer
     holding them: a causal LM, a score model's backbone). Returns the number of layers patched: 0 when
     `paddlenlp_ops` lacks the ops or the model has no such layers. Results equal the unfused model's to
     1e-5 (float32), gradients included; tensors the kernels cannot take (not float32 CPU) run the layers'
@@ -239,8 +310,9 @@ def use_fused_kernels(model):
         elif isinstance(layer, MLPS) and _mlp_is_swiglu(layer):
             layer.forward = types.MethodType(_fused_mlp_forward, layer)
         elif isinstance(layer, ATTENTIONS):
-            _install_rotary_dispatch()
+            _install_dispatchers()
             layer.forward = types.MethodType(_fused_attention_forward, layer)
+            layer.attn_func = FusedAttention(layer.attn_func, UNFUSED_REPEAT_KV[_modeling_module(layer)])
         else:
             continue
         setattr(layer, PATCHED, True)
@@ -254,6 +326,8 @@ def use_unfused_kernels(model):
     for layer in model.sublayers(include_self=True):
         if getattr(layer, PATCHED, False):
             del layer.forward
+            if isinstance(getattr(layer, "attn_func", None), FusedAttention):
+                layer.attn_func = layer.attn_func.original
             delattr(layer, PATCHED)
             restored += 1
     return restored

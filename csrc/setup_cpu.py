@@ -16,7 +16,7 @@ os.chdir(HERE)  # paddle's builder resolves sources and build folders from the w
 setup(
     name="paddlenlp_ops",
     ext_modules=CppExtension(
-        sources=["rollout_ops.cc", "fused_ops.cc", "attention_ops.cc"],
+        sources=["rollout_ops.cc", "fused_ops.cc", "attention_ops.cc", "decoder_ops.cc"],
         include_dirs=[HERE],
         extra_compile_args={"cxx": ["-O3", "-std=c++17", "-fopenmp-simd", "-fno-trapping-math"]},
     ),

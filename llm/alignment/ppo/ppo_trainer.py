@@ -381,13 +381,20 @@ class PPOTrainer(Trainer):
 
     @paddle.no_grad()
     def compute_logprobs(self, model, exp):
-        """Log-probs of the response tokens under `model`, in micro-batches of per_device_logprob_batch_size: [B, R]."""
+        """Log-probs of the response tokens under `model`, in micro-batches of per_device_logprob_batch_size: [B, R].
+        A float32 CPU Qwen2/Llama runs the native no-gradient forward (weights gathered once per call)."""
+        from llm.alignment.ppo.models.native_forward import NativeDecoder
+
         size = self.args.per_device_logprob_batch_size
         chunks = []
+        native = NativeDecoder.for_model(model)  # None: the model's own forward (said once why)
         for start in range(0, len(exp), size):
             micro = exp.select(start, start + size)
             with self.autocast_smart_context_manager():
-                logits = response_logits(model, micro)
+                if native is None:
+                    logits = response_logits(model, micro)
+                else:
+                    logits = native.response_logits(micro.input_ids, micro.attention_mask, micro.prompt_len)
             chunks.append(whole(self.policy_objective.token_logprobs(logits, response_labels(micro))))
         return paddle.concat(chunks, axis=0)
 

@@ -6,6 +6,10 @@ per rollout, so a decode step allocates no cache. The q/k/v projections and the 
 are concatenated once per rollout, so each layer runs four matrix products per step instead of seven.
 Positions follow `generate()`: position i of the left-padded batch is i for every row.
 
+A float32 CPU model on one device runs the whole forward in one native op per step instead
+(models/native_forward.py, csrc/decoder_ops.cc); the eager code here serves everything else (GPU, bf16,
+tensor parallel) and PADDLE_ALIGNMENT_FUSED_KERNELS=off.
+
 A model split by the tensor-parallel plan (models/tensor_parallel.py) decodes on each rank's part of the
 weights: its own attention heads and MLP columns, an all-reduce of the partial sums after the row-parallel
 o/down products and the vocab-parallel embedding lookup, and the vocab-parallel logits gathered whole, so
@@ -148,6 +152,13 @@ class StaticCacheDecoder:
         if reason is not None:
             raise ValueError(f"static-cache decoding unavailable: {reason}")
         self.group = tensor_parallel_group(model)
+        # Imported here: native_forward builds on this module's weight classes.
+        from llm.alignment.ppo.models.native_forward import NativeCacheSession, NativeDecoder
+
+        native = NativeDecoder.for_model(model)
+        self.native = None if native is None else NativeCacheSession(native, batch_size, max_len, prompt_mask)
+        if self.native is not None:
+            return
         degree = 1 if self.group is None else self.group.nranks
         base = getattr(model, model.base_model_prefix)
         self.layers = [LayerWeights(layer, self.group) for layer in base.layers]
@@ -207,6 +218,8 @@ class StaticCacheDecoder:
         return layer.o_proj(out)
 
     def forward(self, input_ids):
+        if self.native is not None:
+            return self.native.forward(input_ids)
         start = self.position
         hidden = self.embed_tokens(input_ids)
         for index, layer in enumerate(self.layers):

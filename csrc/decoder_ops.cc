@@ -1,0 +1,365 @@
+// A no-gradient forward of a whole paddlenlp Qwen2/Llama decoder in one op call (package `paddlenlp_ops`),
+// float32 on CPU, for the passes that need no autograd: the rollout's decode loop and the reference/old
+// log-probs. Eager Paddle spends most of those passes dispatching hundreds of small ops; here the matrix
+// products go to MKL's sgemm (Paddle's own libmklml_intel, so MKL's threads and its AVX2 setting apply) and
+// the rest (RMSNorm, rotary, attention, SwiGLU) runs in plain vectorised loops on one thread.
+// llm/alignment/ppo/models/native_forward.py gathers the weights and calls it; csrc/README.md documents it.
+//
+// native_decoder_forward(input_ids [B, S], position_ids [B, S], key_valid [B, T], cache [L, 2, B, KV, T, D],
+//                        cos [.., D], sin [.., D], weights)
+//   -> logits [B, logits_end - logits_start, V] of positions [logits_start, logits_end) of this call.
+// The S new tokens sit at cache positions [start, start + S); their keys and values are written there, and
+// each attends to the cache positions up to its own (causal) whose key_valid is non-zero (padding masked).
+// A query with no visible key (a left-padding position) gets a zero attention output; nothing else reads
+// it, since its key is masked for every query. Heads h = kv * (heads / kv_heads) + g share kv head kv, as
+// paddlenlp's repeat_kv arranges them, without materialising the repeated heads.
+// weights, per layer: input_norm [H], qkv [H, (heads + 2 kv_heads) D], (qkv_bias [(heads + 2 kv_heads) D]
+// when has_qkv_bias), o [heads D, H], post_norm [H], gate_up [H, 2 I] (gate columns first), down [I, H];
+// then embedding [V, H], final_norm [H], lm_head ([H, V], or [V, H] with transpose_lm_head: tied).
+
+#include <dlfcn.h>
+#include <link.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/fused_math.h"
+#include "paddle/extension.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(FUSED_OPS_NO_CLONES)
+#define DECODER_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define DECODER_CPU_CLONES
+#endif
+
+namespace {
+
+// ---- sgemm from the MKL that Paddle loads ----------------------------------------------------------
+
+constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112;
+using SgemmFn = void (*)(int layout, int trans_a, int trans_b, int m, int n, int k, float alpha, const float* a,
+                         int lda, const float* b, int ldb, float beta, float* c, int ldc);
+
+struct PaddleLibraries {
+  std::string mklml;  // libmklml_intel.so when already loaded
+  std::string libs;   // the folder of libphi (where the wheel keeps libmklml_intel.so)
+};
+
+int FindPaddleLibraries(dl_phdr_info* info, size_t, void* data) {
+  auto* found = static_cast<PaddleLibraries*>(data);
+  const std::string path = info->dlpi_name != nullptr ? info->dlpi_name : "";
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return 0;
+  const std::string file = path.substr(slash + 1);
+  if (file == "libmklml_intel.so") found->mklml = path;
+  if (file == "libphi.so" || file == "libphi_core.so") found->libs = path.substr(0, slash);
+  return 0;
+}
+
+// MKL's cblas_sgemm from the same library instance Paddle uses (dlopen of a loaded path returns it).
+SgemmFn Sgemm() {
+  static const SgemmFn sgemm = [] {
+    PaddleLibraries found;
+    dl_iterate_phdr(FindPaddleLibraries, &found);
+    const std::string path = !found.mklml.empty() ? found.mklml : found.libs + "/libmklml_intel.so";
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    PD_CHECK(handle != nullptr, "native_decoder_forward needs Paddle's MKL, ", path, ": ", dlerror());
+    auto fn = reinterpret_cast<SgemmFn>(dlsym(handle, "cblas_sgemm"));
+    PD_CHECK(fn != nullptr, "no cblas_sgemm in ", path);
+    return fn;
+  }();
+  return sgemm;
+}
+
+// c [m, n] = a [m, k] @ b (b [k, n], or [n, k] with transpose_b) + beta * c, row-major.
+void MatMul(const float* a, const float* b, float* c, int64_t m, int64_t n, int64_t k, float beta,
+            bool transpose_b = false) {
+  Sgemm()(kCblasRowMajor, kCblasNoTrans, transpose_b ? kCblasTrans : kCblasNoTrans, m, n, k, 1.0f, a, k, b,
+          transpose_b ? k : n, beta, c, n);
+}
+
+// ---- elementwise work ------------------------------------------------------------------------------
+
+// paddlenlp's RMSNorm: y = x * rsqrt(mean(x^2) + eps) * weight, per row.
+DECODER_CPU_CLONES void RmsNormRows(const float* x, const float* weight, float eps, int64_t rows, int64_t hidden,
+                                    float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * hidden;
+    float* yr = y + r * hidden;
+    float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t j = 0; j < hidden; ++j) squares += xr[j] * xr[j];
+    const float inv = 1.0f / std::sqrt(squares / static_cast<float>(hidden) + eps);
+#pragma omp simd
+    for (int64_t j = 0; j < hidden; ++j) yr[j] = xr[j] * inv * weight[j];
+  }
+}
+
+// In place, paddlenlp's rotate_half convention: x * cos + [-x2, x1] * sin (x1, x2 the halves of a head).
+DECODER_CPU_CLONES void RotateHead(float* x, const float* c, const float* s, int64_t dim) {
+  const int64_t half = dim / 2;
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = x[i], x2 = x[i + half];
+    x[i] = x1 * c[i] - x2 * s[i];
+    x[i + half] = x2 * c[i + half] + x1 * s[i + half];
+  }
+}
+
+// gate_up rows [gate (I) | up (I)] -> silu(gate) * up rows [I].
+DECODER_CPU_CLONES void SwigluRows(const float* gate_up, int64_t rows, int64_t inner, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gate = gate_up + r * 2 * inner;
+    const float* up = gate + inner;
+    float* o = out + r * inner;
+#pragma omp simd
+    for (int64_t j = 0; j < inner; ++j) o[j] = fused::Swiglu(gate[j], up[j]);
+  }
+}
+
+DECODER_CPU_CLONES float Dot(const float* a, const float* b, int64_t n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+DECODER_CPU_CLONES void AddScaled(float* out, const float* x, float scale, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] += scale * x[i];
+}
+
+// softmax(scores) over the visible keys, in place; returns the sum of exponentials (0: none visible).
+DECODER_CPU_CLONES float SoftmaxVisible(float* scores, const unsigned char* visible, int64_t keys) {
+  float top = -INFINITY;
+  for (int64_t j = 0; j < keys; ++j) top = visible[j] ? std::max(top, scores[j]) : top;
+  if (top == -INFINITY) return 0.0f;
+  float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+  for (int64_t j = 0; j < keys; ++j) {
+    const float e = fused::Exp(scores[j] - top);
+    scores[j] = visible[j] ? e : 0.0f;
+    total += scores[j];
+  }
+  return total;
+}
+
+// ---- the decoder -----------------------------------------------------------------------------------
+
+struct Dims {
+  int64_t batch, seq, hidden, heads, kv_heads, head_dim, inner, vocab, layers, cache_len;
+  int64_t q_width() const { return heads * head_dim; }
+  int64_t kv_width() const { return kv_heads * head_dim; }
+  int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
+  int64_t tokens() const { return batch * seq; }
+};
+
+struct Layer {
+  const float *input_norm, *qkv, *qkv_bias, *o, *post_norm, *gate_up, *down;
+};
+
+struct Cache {
+  float* data;
+  const Dims& d;
+  // Keys (which = 0) or values (1) of layer l, batch row b, kv head h: [cache_len, head_dim].
+  float* at(int64_t l, int which, int64_t b, int64_t h) const {
+    return data + ((((l * 2 + which) * d.batch + b) * d.kv_heads + h) * d.cache_len) * d.head_dim;
+  }
+};
+
+// q/k/v of the new tokens from the normed hidden states; k rotated and written with v into the cache, q
+// rotated in place in `qkv`.
+void ProjectQkv(const Layer& w, const Dims& d, const Cache& cache, int64_t l, int64_t start, const float* normed,
+                const int64_t* positions, const float* cos, const float* sin, float* qkv) {
+  const int64_t width = d.qkv_width(), n = d.tokens(), dim = d.head_dim;
+  if (w.qkv_bias != nullptr) {
+    for (int64_t r = 0; r < n; ++r) std::copy(w.qkv_bias, w.qkv_bias + width, qkv + r * width);
+  }
+  MatMul(normed, w.qkv, qkv, n, width, d.hidden, w.qkv_bias != nullptr ? 1.0f : 0.0f);
+  for (int64_t b = 0; b < d.batch; ++b) {
+    for (int64_t s = 0; s < d.seq; ++s) {
+      float* row = qkv + (b * d.seq + s) * width;
+      const int64_t p = positions[b * d.seq + s];
+      const float *c = cos + p * dim, *sn = sin + p * dim;
+      for (int64_t h = 0; h < d.heads; ++h) RotateHead(row + h * dim, c, sn, dim);
+      for (int64_t h = 0; h < d.kv_heads; ++h) {
+        float* key = row + d.q_width() + h * dim;
+        RotateHead(key, c, sn, dim);
+        std::copy(key, key + dim, cache.at(l, 0, b, h) + (start + s) * dim);
+        const float* value = row + d.q_width() + d.kv_width() + h * dim;
+        std::copy(value, value + dim, cache.at(l, 1, b, h) + (start + s) * dim);
+      }
+    }
+  }
+}
+
+// out [tokens, heads * D]: each new token's heads attending to the visible cache positions up to its own.
+void Attend(const Dims& d, const Cache& cache, int64_t l, int64_t start, const float* qkv, const int64_t* key_valid,
+            float* out) {
+  const int64_t dim = d.head_dim, groups = d.heads / d.kv_heads, width = d.qkv_width();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  std::vector<float> scores(start + d.seq);
+  std::vector<unsigned char> visible(start + d.seq);
+  for (int64_t b = 0; b < d.batch; ++b) {
+    for (int64_t j = 0; j < start + d.seq; ++j) visible[j] = key_valid[b * d.cache_len + j] != 0;
+    for (int64_t s = 0; s < d.seq; ++s) {
+      const int64_t keys = start + s + 1;  // causal: the cache up to this token's own position
+      for (int64_t h = 0; h < d.heads; ++h) {
+        const int64_t kv = h / groups;
+        const float* q = qkv + (b * d.seq + s) * width + h * dim;
+        const float *key = cache.at(l, 0, b, kv), *value = cache.at(l, 1, b, kv);
+        for (int64_t j = 0; j < keys; ++j) scores[j] = Dot(q, key + j * dim, dim) * scale;
+        const float total = SoftmaxVisible(scores.data(), visible.data(), keys);
+        float* o = out + (b * d.seq + s) * d.q_width() + h * dim;
+        std::fill(o, o + dim, 0.0f);
+        if (total == 0.0f) continue;
+        for (int64_t j = 0; j < keys; ++j) {
+          if (scores[j] != 0.0f) AddScaled(o, value + j * dim, scores[j] / total, dim);
+        }
+      }
+    }
+  }
+}
+
+// ---- the op ----------------------------------------------------------------------------------------
+
+void CheckFloat32CPU(const paddle::Tensor& t, const char* name) {
+  PD_CHECK(t.is_cpu() && t.dtype() == paddle::DataType::FLOAT32 && t.is_contiguous(), name,
+           " must be a contiguous float32 CPU tensor");
+}
+
+void CheckInt64CPU(const paddle::Tensor& t, const char* name) {
+  PD_CHECK(t.is_cpu() && t.dtype() == paddle::DataType::INT64 && t.is_contiguous(), name,
+           " must be a contiguous int64 CPU tensor");
+}
+
+const float* Weight(const paddle::Tensor& t, std::vector<int64_t> shape, const char* name) {
+  CheckFloat32CPU(t, name);
+  PD_CHECK(t.shape() == shape, name, " has the wrong shape");
+  return t.data<float>();
+}
+
+std::vector<Layer> CheckLayers(const std::vector<paddle::Tensor>& weights, const Dims& d, bool has_qkv_bias) {
+  const int64_t per_layer = has_qkv_bias ? 7 : 6;
+  std::vector<Layer> layers;
+  for (int64_t l = 0, i = 0; l < d.layers; ++l) {
+    Layer w;
+    w.input_norm = Weight(weights[i++], {d.hidden}, "input_norm");
+    w.qkv = Weight(weights[i++], {d.hidden, d.qkv_width()}, "qkv");
+    w.qkv_bias = has_qkv_bias ? Weight(weights[i++], {d.qkv_width()}, "qkv_bias") : nullptr;
+    w.o = Weight(weights[i++], {d.q_width(), d.hidden}, "o");
+    w.post_norm = Weight(weights[i++], {d.hidden}, "post_norm");
+    w.gate_up = Weight(weights[i++], {d.hidden, 2 * d.inner}, "gate_up");
+    w.down = Weight(weights[i++], {d.inner, d.hidden}, "down");
+    PD_CHECK(i == (l + 1) * per_layer);
+    layers.push_back(w);
+  }
+  return layers;
+}
+
+std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, const paddle::Tensor& position_ids,
+                                           const paddle::Tensor& key_valid, const paddle::Tensor& cache_tensor,
+                                           const paddle::Tensor& cos, const paddle::Tensor& sin,
+                                           const std::vector<paddle::Tensor>& weights, int start, float epsilon,
+                                           bool has_qkv_bias, bool transpose_lm_head, int logits_start,
+                                           int logits_end) {
+  CheckInt64CPU(input_ids, "input_ids");
+  CheckInt64CPU(position_ids, "position_ids");
+  CheckInt64CPU(key_valid, "key_valid");
+  CheckFloat32CPU(cache_tensor, "cache");
+  CheckFloat32CPU(cos, "cos");
+  CheckFloat32CPU(sin, "sin");
+  const auto& cs = cache_tensor.shape();
+  PD_CHECK(input_ids.shape().size() == 2 && position_ids.shape() == input_ids.shape(),
+           "input_ids and position_ids must be [batch, seq]");
+  PD_CHECK(cs.size() == 6 && cs[1] == 2 && cs[2] == input_ids.shape()[0], "cache must be [layers, 2, batch, kv_heads, len, head_dim]");
+  const int64_t per_layer = has_qkv_bias ? 7 : 6;
+  PD_CHECK(static_cast<int64_t>(weights.size()) == cs[0] * per_layer + 3, "weights must hold ", per_layer,
+           " tensors per layer and 3 more");
+  const auto& embedding = weights[weights.size() - 3];
+  PD_CHECK(embedding.shape().size() == 2, "embedding must be [vocab, hidden]");
+  const auto& qkv0 = weights[1];
+  const auto& gate_up0 = weights[has_qkv_bias ? 5 : 4];
+  Dims d{input_ids.shape()[0], input_ids.shape()[1], embedding.shape()[1], 0, cs[3], cs[5],
+         gate_up0.shape().back() / 2, embedding.shape()[0], cs[0], cs[4]};
+  PD_CHECK(qkv0.shape().size() == 2 && qkv0.shape()[1] % d.head_dim == 0, "qkv must be [hidden, (heads + 2 kv_heads) head_dim]");
+  d.heads = qkv0.shape()[1] / d.head_dim - 2 * d.kv_heads;
+  PD_CHECK(d.heads > 0 && d.heads % d.kv_heads == 0, "heads must be a multiple of kv_heads");
+  PD_CHECK(d.head_dim % 2 == 0, "head_dim must be even");
+  PD_CHECK(start >= 0 && start + d.seq <= d.cache_len, "tokens at [", start, ", ", start + d.seq,
+           ") do not fit the cache of ", d.cache_len);
+  PD_CHECK(key_valid.shape() == std::vector<int64_t>({d.batch, d.cache_len}), "key_valid must be [batch, cache len]");
+  PD_CHECK(0 <= logits_start && logits_start <= logits_end && logits_end <= d.seq, "logits positions out of range");
+  PD_CHECK(cos.shape() == sin.shape() && cos.shape().back() == d.head_dim, "cos and sin must be [.., head_dim] tables");
+  const int64_t table_rows = cos.numel() / d.head_dim;
+  const std::vector<Layer> layers = CheckLayers(weights, d, has_qkv_bias);
+  const float* embed = Weight(embedding, {d.vocab, d.hidden}, "embedding");
+  const float* final_norm = Weight(weights[weights.size() - 2], {d.hidden}, "final_norm");
+  const std::vector<int64_t> head_shape =
+      transpose_lm_head ? std::vector<int64_t>{d.vocab, d.hidden} : std::vector<int64_t>{d.hidden, d.vocab};
+  const float* lm_head = Weight(weights.back(), head_shape, "lm_head");
+
+  const int64_t n = d.tokens();
+  const int64_t* ids = input_ids.data<int64_t>();
+  const int64_t* positions = position_ids.data<int64_t>();
+  for (int64_t t = 0; t < n; ++t) {
+    PD_CHECK(ids[t] >= 0 && ids[t] < d.vocab, "token id ", ids[t], " is outside the vocabulary of ", d.vocab);
+    PD_CHECK(positions[t] >= 0 && positions[t] < table_rows, "position ", positions[t],
+             " is outside the cos/sin table of ", table_rows, " rows");
+  }
+  std::vector<float> hidden(n * d.hidden), normed(n * d.hidden), qkv(n * d.qkv_width()), attn(n * d.q_width());
+  std::vector<float> gate_up(n * 2 * d.inner), act(n * d.inner);
+  for (int64_t t = 0; t < n; ++t) std::copy(embed + ids[t] * d.hidden, embed + (ids[t] + 1) * d.hidden, &hidden[t * d.hidden]);
+  const Cache cache{const_cast<float*>(cache_tensor.data<float>()), d};
+  for (int64_t l = 0; l < d.layers; ++l) {
+    const Layer& w = layers[l];
+    RmsNormRows(hidden.data(), w.input_norm, epsilon, n, d.hidden, normed.data());
+    ProjectQkv(w, d, cache, l, start, normed.data(), positions, cos.data<float>(), sin.data<float>(), qkv.data());
+    Attend(d, cache, l, start, qkv.data(), key_valid.data<int64_t>(), attn.data());
+    MatMul(attn.data(), w.o, hidden.data(), n, d.hidden, d.q_width(), 1.0f);  // the residual add: beta = 1
+    RmsNormRows(hidden.data(), w.post_norm, epsilon, n, d.hidden, normed.data());
+    MatMul(normed.data(), w.gate_up, gate_up.data(), n, 2 * d.inner, d.hidden, 0.0f);
+    SwigluRows(gate_up.data(), n, d.inner, act.data());
+    MatMul(act.data(), w.down, hidden.data(), n, d.hidden, d.inner, 1.0f);
+  }
+  // The final norm and the LM head, only on the positions whose logits are asked for.
+  const int64_t kept = logits_end - logits_start, rows = d.batch * kept;
+  for (int64_t b = 0; b < d.batch; ++b) {
+    RmsNormRows(&hidden[(b * d.seq + logits_start) * d.hidden], final_norm, epsilon, kept, d.hidden,
+                &normed[b * kept * d.hidden]);
+  }
+  auto logits = paddle::empty({d.batch, kept, d.vocab}, paddle::DataType::FLOAT32, input_ids.place());
+  if (rows > 0) MatMul(normed.data(), lm_head, logits.data<float>(), rows, d.vocab, d.hidden, 0.0f, transpose_lm_head);
+  return {logits};
+}
+
+std::vector<std::vector<int64_t>> DecoderForwardShape(const std::vector<int64_t>& input_ids,
+                                                      const std::vector<int64_t>&, const std::vector<int64_t>&,
+                                                      const std::vector<int64_t>&, const std::vector<int64_t>&,
+                                                      const std::vector<int64_t>&,
+                                                      const std::vector<std::vector<int64_t>>& weights, int,
+                                                      float, bool, bool transpose_lm_head, int logits_start,
+                                                      int logits_end) {
+  const auto& head = weights.back();
+  return {{input_ids[0], logits_end - logits_start, transpose_lm_head ? head[0] : head[1]}};
+}
+
+std::vector<paddle::DataType> DecoderForwardDtype(const paddle::DataType&, const paddle::DataType&,
+                                                  const paddle::DataType&, const paddle::DataType& cache,
+                                                  const paddle::DataType&, const paddle::DataType&,
+                                                  const std::vector<paddle::DataType>&) {
+  return {cache};
+}
+
+}  // namespace
+
+PD_BUILD_OP(native_decoder_forward)
+    .Inputs({"input_ids", "position_ids", "key_valid", "cache", "cos", "sin", paddle::Vec("weights")})
+    .Outputs({"logits"})
+    .Attrs({"start: int", "epsilon: float", "has_qkv_bias: bool", "transpose_lm_head: bool", "logits_start: int",
+            "logits_end: int"})
+    .SetKernelFn(PD_KERNEL(DecoderForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(DecoderForwardShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(DecoderForwardDtype));

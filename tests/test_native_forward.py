@@ -1,0 +1,112 @@
+"""The native no-gradient forward (csrc/decoder_ops.cc, models/native_forward.py) against paddlenlp's own
+Qwen2/Llama forward, in the log-prob pass and in the static-cache decode loop, and its fallbacks."""
+
+import logging
+
+import numpy as np
+import paddle
+import pytest
+from paddlenlp.peft import LoRAConfig, LoRAModel
+from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from helpers import built_paddlenlp_ops
+from llm.alignment.ppo.algos.token_stats import gather_logprobs, position_ids_from_mask, tempered_logits
+from llm.alignment.ppo.models import native_forward
+from llm.alignment.ppo.models.fused_kernels import FUSED_OPS, SWITCH, token_logprobs_and_entropy
+from llm.alignment.ppo.models.native_forward import NATIVE_OPS, NativeDecoder
+from llm.alignment.ppo.models.static_cache_decoder import StaticCacheDecoder
+
+TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+VOCAB = 97
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return built_paddlenlp_ops(FUSED_OPS + NATIVE_OPS)
+
+
+def tiny_model(architecture, tie_word_embeddings=False):
+    """A random tiny model with GQA (4 heads, 2 kv heads) and non-default rope_theta and rms_norm_eps."""
+    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[architecture]
+    config = config_class(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rope_theta=5000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=tie_word_embeddings,
+    )
+    paddle.seed(0)
+    model = model_class(config)
+    model.eval()
+    return model
+
+
+def padded_batch(prompt_lengths, prompt_len, response_lengths, response_len):
+    """Left-padded prompts and right-padded responses: input_ids and attention_mask [B, P + R]."""
+    rows = len(prompt_lengths)
+    mask = np.zeros([rows, prompt_len + response_len], "int64")
+    for row, (p, r) in enumerate(zip(prompt_lengths, response_lengths)):
+        mask[row, prompt_len - p : prompt_len + r] = 1
+    ids = np.random.default_rng(1).integers(0, VOCAB, mask.shape)
+    return paddle.to_tensor(ids), paddle.to_tensor(mask)
+
+
+MODELS = [("qwen2", False), ("qwen2", True), ("llama", False), ("llama", True)]
+
+
+@pytest.mark.parametrize("architecture, tied", MODELS)
+def test_response_logits_and_logprobs_match_paddlenlp(ops, architecture, tied):
+    model = tiny_model(architecture, tied)
+    prompt_len = 5
+    input_ids, mask = padded_batch([5, 2, 3, 1], prompt_len, [6, 3, 1, 6], 6)
+    with paddle.no_grad():
+        eager = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), return_dict=True)
+        expected = eager.logits[:, prompt_len - 1 : -1]
+        native = NativeDecoder.for_model(model)
+        assert native is not None and native.has_qkv_bias == (architecture == "qwen2")
+        assert native.transpose_lm_head == tied
+        logits = native.response_logits(input_ids, mask, prompt_len)
+    np.testing.assert_allclose(logits.numpy(), expected.numpy(), **TOLERANCE)
+    labels, temperature = input_ids[:, prompt_len:], 0.7
+    logprobs, _ = token_logprobs_and_entropy(logits, labels, temperature)
+    np.testing.assert_allclose(logprobs.numpy(), gather_logprobs(tempered_logits(expected, temperature), labels).numpy(), **TOLERANCE)
+
+
+def decode(model, prompt_ids, prompt_mask, steps):
+    """Greedy decoding through the static-cache decoder: (tokens [B, steps], logits [steps + 1, B, V], native)."""
+    decoder = StaticCacheDecoder(model, prompt_ids.shape[0], prompt_ids.shape[1] + steps, prompt_mask)
+    logits, tokens = [decoder.prefill(prompt_ids)], []
+    for _ in range(steps):
+        tokens.append(paddle.argmax(logits[-1], axis=-1))
+        logits.append(decoder.step(tokens[-1]))
+    return np.stack([t.numpy() for t in tokens], 1), np.stack([l.numpy() for l in logits]), decoder.native is not None
+
+
+@pytest.mark.parametrize("architecture, tied", MODELS[::3])
+def test_decode_loop_matches_the_eager_decoder(ops, architecture, tied, monkeypatch):
+    model = tiny_model(architecture, tied)
+    prompt_ids, prompt_mask = padded_batch([6, 2, 4], 6, [0, 0, 0], 0)
+    with paddle.no_grad():
+        tokens, logits, native = decode(model, prompt_ids, prompt_mask, steps=10)
+        monkeypatch.setenv(SWITCH, "off")
+        eager_tokens, eager_logits, eager_native = decode(model, prompt_ids, prompt_mask, steps=10)
+    assert native and not eager_native
+    np.testing.assert_array_equal(tokens, eager_tokens)
+    np.testing.assert_allclose(logits, eager_logits, **TOLERANCE)
+
+
+def test_switched_off_runs_the_models_own_forward(ops, monkeypatch):
+    monkeypatch.setenv(SWITCH, "off")
+    assert NativeDecoder.for_model(tiny_model("qwen2")) is None
+
+
+def test_unsupported_models_fall_back_with_one_warning(ops, caplog):
+    model = tiny_model("qwen2")
+    lora = LoRAModel(model, LoRAConfig(target_modules=[".*q_proj.*"], r=2, lora_alpha=4))
+    half = tiny_model("llama")
+    half.to(dtype="bfloat16")
+    native_forward.warn_unsupported.cache_clear()
+    with caplog.at_level(logging.WARNING, logger=native_forward.logger.name):
+        assert NativeDecoder.for_model(lora) is None and NativeDecoder.for_model(lora) is None
+        assert NativeDecoder.for_model(half) is None
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2, warnings
+    assert "LoRA" in warnings[0] and "float32" in warnings[1]

@@ -1,7 +1,12 @@
 """The native no-gradient forward (csrc/decoder_ops.cc, models/native_forward.py) against paddlenlp's own
 Qwen2/Llama forward, in the log-prob pass and in the static-cache decode loop, and its fallbacks."""
 
+import contextlib
 import logging
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
 
 import numpy as np
 import paddle
@@ -11,10 +16,14 @@ from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Q
 
 from helpers import built_paddlenlp_ops
 from llm.alignment.ppo.algos.token_stats import gather_logprobs, position_ids_from_mask, tempered_logits
+from llm.alignment.ppo.experience import Experience
 from llm.alignment.ppo.models import native_forward
-from llm.alignment.ppo.models.fused_kernels import FUSED_OPS, SWITCH, token_logprobs_and_entropy
+from llm.alignment.ppo.models.fused_kernels import FUSED_OPS, token_logprobs_and_entropy
+from llm.alignment.ppo.models.fused_kernels import SWITCH as FUSED_SWITCH
 from llm.alignment.ppo.models.native_forward import NATIVE_OPS, NativeDecoder
+from llm.alignment.ppo.models.native_forward import SWITCH as NATIVE_SWITCH
 from llm.alignment.ppo.models.static_cache_decoder import StaticCacheDecoder
+from llm.alignment.ppo.ppo_trainer import PPOTrainer
 
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 VOCAB = 97
@@ -86,15 +95,17 @@ def test_decode_loop_matches_the_eager_decoder(ops, architecture, tied, monkeypa
     prompt_ids, prompt_mask = padded_batch([6, 2, 4], 6, [0, 0, 0], 0)
     with paddle.no_grad():
         tokens, logits, native = decode(model, prompt_ids, prompt_mask, steps=10)
-        monkeypatch.setenv(SWITCH, "off")
+        monkeypatch.setenv(NATIVE_SWITCH, "off")
         eager_tokens, eager_logits, eager_native = decode(model, prompt_ids, prompt_mask, steps=10)
     assert native and not eager_native
     np.testing.assert_array_equal(tokens, eager_tokens)
     np.testing.assert_allclose(logits, eager_logits, **TOLERANCE)
 
 
-def test_switched_off_runs_the_models_own_forward(ops, monkeypatch):
-    monkeypatch.setenv(SWITCH, "off")
+@pytest.mark.parametrize("switch", [FUSED_SWITCH, NATIVE_SWITCH])
+def test_switched_off_runs_the_models_own_forward(ops, monkeypatch, switch):
+    assert NativeDecoder.for_model(tiny_model("qwen2")) is not None
+    monkeypatch.setenv(switch, "off")
     assert NativeDecoder.for_model(tiny_model("qwen2")) is None
 
 
@@ -110,3 +121,28 @@ def test_unsupported_models_fall_back_with_one_warning(ops, caplog):
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 2, warnings
     assert "LoRA" in warnings[0] and "float32" in warnings[1]
+
+
+def test_trainer_logprobs_match_the_eager_pass(ops, monkeypatch):
+    model = tiny_model("qwen2")
+    input_ids, mask = padded_batch([5, 2, 3], 5, [4, 2, 1], 4)
+    response_mask = mask[:, 5:].astype("float32")
+    exp = Experience(input_ids, mask, response_mask, paddle.arange(3), paddle.ones([3], "bool"), [""] * 3, [""] * 3, [""] * 3)
+    objective = SimpleNamespace(token_logprobs=lambda logits, labels: token_logprobs_and_entropy(logits, labels, 0.7)[0])
+    # compute_logprobs reads only these of the trainer: two micro-batches of 2 and 1 rows.
+    trainer = SimpleNamespace(args=SimpleNamespace(per_device_logprob_batch_size=2), policy_objective=objective,
+                              autocast_smart_context_manager=contextlib.nullcontext)
+    assert NativeDecoder.for_model(model) is not None
+    native = PPOTrainer.compute_logprobs(trainer, model, exp)
+    monkeypatch.setenv(NATIVE_SWITCH, "off")
+    eager = PPOTrainer.compute_logprobs(trainer, model, exp)
+    np.testing.assert_allclose(native.numpy(), eager.numpy(), **TOLERANCE)
+
+
+def test_bench_native_forward_prints_its_figure(ops):
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "bench_native_forward.py")
+    result = subprocess.run([sys.executable, script, "--repeats", "1"], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("reference_speedup=") and float(last.split("=")[1]) > 0

@@ -4,7 +4,8 @@ need no autograd, and eager Paddle spends most of their time dispatching hundred
 
 `NativeDecoder.for_model(model)` gathers the model's weights once (q/k/v and gate/up concatenated, as the
 static-cache decoder does), or returns None, saying once why, where the op does not apply: the op is not
-built, PADDLE_ALIGNMENT_FUSED_KERNELS=off (Paddle's own ops, for comparison), or the model is not a
+built, PADDLE_ALIGNMENT_FUSED_KERNELS=off (Paddle's own ops, for comparison) or
+PADDLE_ALIGNMENT_NATIVE_FORWARD=off (the eager passes with the fused kernels), or the model is not a
 float32 CPU Qwen2/Llama on one device without LoRA adapters. Callers then run the model's own forward.
 
 - `response_logits(input_ids, attention_mask, prompt_len)`: the trainer's log-prob pass, positions counted
@@ -18,6 +19,7 @@ masked keys; nothing reads those positions.
 """
 
 import logging
+import os
 from functools import lru_cache
 
 import paddle
@@ -32,12 +34,13 @@ from llm.alignment.ppo.models.tensor_parallel import is_tensor_parallel
 logger = logging.getLogger(__name__)
 
 NATIVE_OPS = ("native_decoder_forward",)
+SWITCH = "PADDLE_ALIGNMENT_NATIVE_FORWARD"
 
 
 def native_ops():
     """The `paddlenlp_ops` module with the native decoder op, else None (said once); None too with
-    PADDLE_ALIGNMENT_FUSED_KERNELS=off."""
-    if fused_ops() is None:
+    PADDLE_ALIGNMENT_FUSED_KERNELS=off or PADDLE_ALIGNMENT_NATIVE_FORWARD=off (this op alone off)."""
+    if fused_ops() is None or os.environ.get(SWITCH, "on").lower() == "off":
         return None
     return paddlenlp_ops_with(NATIVE_OPS, "no-gradient passes run on Paddle's ops")
 

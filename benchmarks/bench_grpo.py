@@ -14,6 +14,10 @@ Prints the model used, the CPU settings (see llm/cpu_runtime.py), the seconds pe
 rollout (sampling + rule reward), reference (reference and old log-prob passes, no gradient), values
 (critic pass, PPO only), update (forward, backward and optimizer step of every micro-batch) and other
 (advantages, metrics), then completions_per_s=<n> as the last line.
+
+With `-- --rollout_mode decoupled` a sampler process samples, scores and computes the reference and
+behaviour log-probs of the next batches while the trainer updates: "rollout" is then the trainer's wait
+for a batch and "sampling" the sampler's generation time (overlapped with the update).
 """
 
 import argparse
@@ -106,15 +110,19 @@ def main():
     ])
     trainer.prepare_training()
     batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size)
-    for _ in range(args.warmup):
-        trainer.rl_step(batches)
-    phases, sampling = time_phases(trainer)
-    started = time.perf_counter()
-    completions = 0
-    for _ in range(args.steps):
-        exp, _ = trainer.rl_step(batches)
-        completions += len(exp)
-    seconds = time.perf_counter() - started
+    trainer.rollout.start(trainer, 0)
+    try:
+        for _ in range(args.warmup):
+            trainer.advance(batches)
+        phases, sampling = time_phases(trainer)
+        started = time.perf_counter()
+        completions = 0
+        for _ in range(args.steps):
+            exp, _ = trainer.advance(batches)
+            completions += len(exp)
+        seconds = time.perf_counter() - started
+    finally:
+        trainer.rollout.close()
     phases["other"] = seconds - sum(phases.values())
     print(f"model: {model_name}")
     print(describe())

@@ -9,6 +9,7 @@ the run with a message naming the key.
 import dataclasses
 import difflib
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -29,6 +30,7 @@ from llm.alignment.ppo.rewards import REWARD_TASKS
 
 # paddlenlp's recompute granularities (config.recompute_granularity of Qwen2 and Llama).
 RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
+ROLLOUT_MODES = ("colocated", "decoupled")
 
 
 @dataclass
@@ -246,6 +248,22 @@ class RLTrainingArguments(ModelKernelArguments, TrainingArguments):
         default=None,
         metadata={"help": "Rule reward task: " + ", ".join(sorted(REWARD_TASKS)) + " (default math, GSM8K answers, for use_rule_reward as in PaddleNLP; the server's /health task for use_rm_server)."},
     )
+    rollout_mode: str = field(
+        default="colocated",
+        metadata={"help": "colocated: the trainer samples each batch itself; decoupled: sampler processes on rollout_devices sample the next batches while the trainer learns."},
+    )
+    max_staleness: int = field(
+        default=1, metadata={"help": "Decoupled rollout: a batch is sampled by the policy of at most this many RL steps before the one that trains on it."}
+    )
+    rollout_devices: str = field(
+        default="", metadata={"help": "Decoupled rollout: one sampler per entry, comma separated GPU ids not used for training (e.g. 6,7) or cpu (default on CPU: cpu)."}
+    )
+    rollout_dir: str = field(
+        default="", metadata={"help": "Decoupled rollout: folder of the published policy weights and the samplers' logs (default output_dir/rollout; a tmpfs such as /dev/shm is fastest)."}
+    )
+    rollout_timeout: float = field(
+        default=1800.0, metadata={"help": "Decoupled rollout: seconds the trainer waits for a sampler's batch, or a sampler for weights, before it stops."}
+    )
     dataloader_shuffle: bool = field(default=True, metadata={"help": "Shuffle the prompts (each epoch anew, from the seed)."})
     sample_log_interval: int = field(default=5, metadata={"help": "Write a table of sample completions every logging_steps * this steps."})
     num_sample_logs: int = field(default=4, metadata={"help": "Rows in each sample table."})
@@ -462,6 +480,7 @@ class RLTrainingArguments(ModelKernelArguments, TrainingArguments):
             raise ValueError(f"min_learning_rate={self.min_learning_rate} must lie in [0, learning_rate={self.learning_rate}]")
         if self.reward_task is not None and self.reward_task not in REWARD_TASKS:
             raise ValueError(f"reward_task={self.reward_task!r} is not registered; choose from {sorted(REWARD_TASKS)}")
+        self.validate_rollout_mode()
         if self.rollout_batch_size % self.per_device_train_batch_size:
             raise ValueError(
                 f"per_device_prompt_batch_size * rollout_n = {self.rollout_batch_size} responses must split into "
@@ -473,6 +492,38 @@ class RLTrainingArguments(ModelKernelArguments, TrainingArguments):
                 f"gradient_accumulation_steps={self.gradient_accumulation_steps} must divide the "
                 f"{self.update_iters * micro_batches} micro-batches of one RL step (update_iters * rollout_batch / per_device_train_batch_size)"
             )
+
+    @property
+    def sampler_devices(self):
+        """Decoupled rollout: the device of each sampler process ("cpu" or a GPU id)."""
+        return [device.strip() for device in self.rollout_devices.split(",") if device.strip()]
+
+    def validate_rollout_mode(self):
+        if self.rollout_mode not in ROLLOUT_MODES:
+            raise ValueError(f"rollout_mode={self.rollout_mode!r}: choose from {ROLLOUT_MODES}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.rollout_timeout <= 0:
+            raise ValueError(f"rollout_timeout must be positive, got {self.rollout_timeout}")
+        if self.rollout_mode != "decoupled":
+            return
+        for key in ("tensor_parallel_degree", "pipeline_parallel_degree"):
+            if getattr(self, key) > 1:
+                raise ValueError(
+                    f"rollout_mode=decoupled samples with a whole policy on each rollout device: {key}={getattr(self, key)} "
+                    "is not supported with it (use data parallel or sharding stage1 for the trainer)"
+                )
+        if not self.rollout_devices:
+            if runs_on_accelerator(self):
+                raise ValueError(
+                    "rollout_mode=decoupled needs rollout_devices: the GPU ids its samplers use, apart from the "
+                    "training devices (e.g. --devices 0,1,2,3,4,5 for training and rollout_devices 6,7)"
+                )
+            self.rollout_devices = "cpu"
+        for device in self.sampler_devices:
+            if device != "cpu" and not device.isdigit():
+                raise ValueError(f"rollout_devices={self.rollout_devices!r}: each entry is a GPU id or cpu, got {device!r}")
+        self.rollout_dir = self.rollout_dir or os.path.join(self.output_dir, "rollout")
 
 
 def check_parallel_degrees(args, world_size, on_accelerator):

@@ -8,6 +8,8 @@
                                         its own parameters' states; none in a single process or data parallel
         scheduler.pdparams, value_scheduler.pdparams, reward_normalizer.pdparams, trainer_state.json,
         data_state.json, rng_state.pth (one process) or rng_state_<world>.pth (every rank's)   rank 0
+        rollout_queue.rank<R>.pkl       rank R's rollout batches requested before the checkpoint and not yet
+                                        trained on (decoupled rollout samples ahead), each rank its own
 
 Every rank calls save_checkpoint, save_final_models and load_checkpoint (they hold collectives). All
 ranks write into one temp folder that rank 0 renames once every rank has written (atomic_directory).
@@ -18,6 +20,7 @@ key) the optimizer and scheduler files are left out; resuming such a checkpoint 
 
 import json
 import os
+import pickle
 from typing import NamedTuple
 
 import paddle
@@ -37,9 +40,11 @@ from llm.alignment.ppo.checkpoint_utils import (
 from llm.alignment.ppo.comm_utils import is_distributed
 from llm.alignment.ppo.models.lora_utils import save_merged
 from llm.alignment.ppo.models.tensor_parallel import complete_state_dict, is_tensor_parallel, local_state, set_local_state
+from llm.alignment.ppo.rollout import RolloutBatch
 
 CRITIC_OPTIMIZER_NAME, CRITIC_SCHEDULER_NAME = "value_optimizer.pdopt", "value_scheduler.pdparams"
 DATA_STATE_NAME = "data_state.json"
+ROLLOUT_QUEUE_NAME = "rollout_queue.rank{rank}.pkl"
 REWARD_NORMALIZER_NAME = "reward_normalizer.pdparams"
 
 
@@ -150,6 +155,7 @@ def save_checkpoint(trainer):
             save_model(part.model, os.path.join(tmp, part.folder), trainer.tokenizer)
             if not args.ignore_save_lr_and_optim:
                 save_optimizer_state(part.optimizer, part.model, tmp, part.optimizer_name, args)
+        save_rollout_queue(trainer, tmp)
         if is_first_rank():
             save_shared_state(trainer, tmp, rng_states)
     if is_first_rank():
@@ -195,8 +201,28 @@ def load_checkpoint(trainer, path):
     trainer._load_rng_state(path)
     with open(os.path.join(path, DATA_STATE_NAME)) as f:
         trainer.batches_drawn = json.load(f)["batches_drawn"]
+    load_rollout_queue(trainer, path)
     logger.info(f"resumed from {path} at step {step}")
     return step
+
+
+def rollout_queue_file(folder):
+    return os.path.join(folder, ROLLOUT_QUEUE_NAME.format(rank=dist.get_rank()))
+
+
+def save_rollout_queue(trainer, folder):
+    """This rank's requested batches, once sampled (none when every batch was trained on)."""
+    batches = trainer.rollout.drain()
+    if batches:
+        with open(rollout_queue_file(folder), "wb") as f:
+            pickle.dump([batch.to_numpy() for batch in batches], f, protocol=5)
+
+
+def load_rollout_queue(trainer, folder):
+    """The batches this rank had requested when the checkpoint was written: they come before any new request."""
+    if os.path.isfile(rollout_queue_file(folder)):
+        with open(rollout_queue_file(folder), "rb") as f:
+            trainer.rollout.restore([RolloutBatch.from_numpy(values) for values in pickle.load(f)])
 
 
 def optimizer_state_optional(args):

@@ -3,6 +3,7 @@
 from dataclasses import dataclass, fields
 from typing import List, Optional
 
+import numpy as np
 import paddle
 
 
@@ -93,6 +94,21 @@ class Experience:
         for name in ("scores", "rewards"):  # present once the batches are scored
             if all(getattr(b, name) is not None for b in batches):
                 merged[name] = paddle.concat([getattr(b, name) for b in batches])
+        for name in ("old_logprobs", "ref_logprobs"):  # present when recorded at sampling time (decoupled rollout)
+            if all(getattr(b, name) is not None for b in batches):
+                merged[name] = paddle.concat([widen(b, name, 0.0, False) for b in batches])
         for name in ("prompts", "labels", "responses"):
             merged[name] = [text for b in batches for text in getattr(b, name)]
         return Experience(**merged)
+
+    def to_numpy(self):
+        """The fields as numpy arrays and lists (None where unset): what crosses a process boundary."""
+        values = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            values[f.name] = value.numpy() if isinstance(value, paddle.Tensor) else value
+        return values
+
+    @staticmethod
+    def from_numpy(values):
+        return Experience(**{name: paddle.to_tensor(v) if isinstance(v, np.ndarray) else v for name, v in values.items()})

@@ -82,8 +82,13 @@ def per_row(value, rows, dtype):
     return paddle.full([rows], value, dtype=dtype)
 
 
-def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: SamplingConfig):
-    """The fast decode loop: returns response ids [B, R], R = the longest response."""
+def draw_seed():
+    """A sampling seed from paddle's generator: reproducible with the run's seed and restored on resume."""
+    return int(paddle.randint(0, 2**31 - 1, [1]))
+
+
+def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: SamplingConfig, seed):
+    """The fast decode loop, sampling from `seed`: returns response ids [B, R], R = the longest response."""
     rows, prompt_len = input_ids.shape
     max_dec = sampling.max_dec_len
     decoder = StaticCacheDecoder(model, rows, prompt_len + max_dec, prompt_mask)
@@ -96,8 +101,7 @@ def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: Sam
                  per_row(0.0, rows, "float32"), per_row(sampling.min_dec_len, rows, "int64")]
     temperature = per_row(0.0 if sampling.greedy else sampling.temperature, rows, "float32")
     top_k, top_p = per_row(sampling.top_k, rows, "int64"), per_row(sampling.top_p, rows, "float32")
-    # One seed per rollout from paddle's generator: reproducible with the run's seed and restored on resume.
-    seed = decoder.same_on_every_rank(int(paddle.randint(0, 2**31 - 1, [1])))
+    seed = decoder.same_on_every_rank(seed)
     logits = decoder.prefill(input_ids)
     for _ in range(max_dec):
         ops.rollout_token_penalty(logits, history, step_idx, *penalties, eos_ids, no_banned)
@@ -129,15 +133,19 @@ def decode_with_generate(model, tokenizer, input_ids, prompt_mask, sampling: Sam
 
 
 @paddle.no_grad()
-def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_fast=True):
-    """Sample `n` responses for each prompt item ({"prompt", "label", "input_ids"}) in one batched decode."""
+def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_fast=True, seed=None):
+    """Sample `n` responses for each prompt item ({"prompt", "label", "input_ids"}) in one batched decode. The
+    fast loop samples from `seed` (default: one drawn from paddle's generator); generate() samples from
+    paddle's generator."""
     prompt_ids = [item["input_ids"] for item in items for _ in range(n)]
     input_ids, prompt_mask = left_pad(prompt_ids, tokenizer.pad_token_id)
     was_training = model.training
     model.eval()
     ops = fast_path_ops(model, use_fast)
     if ops is not None:
-        response_ids = decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling)
+        response_ids = decode_with_ops(
+            ops, model, tokenizer, input_ids, prompt_mask, sampling, draw_seed() if seed is None else seed
+        )
     else:
         response_ids = decode_with_generate(model, tokenizer, input_ids, prompt_mask, sampling)
     if was_training:  # (LoRAModel.train takes no mode argument)

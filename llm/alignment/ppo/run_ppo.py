@@ -25,6 +25,7 @@ from llm.alignment.ppo.comm_utils import finish_distributed_run
 from llm.alignment.ppo.data import PromptOnlyDataset, SupervisedDataset
 from llm.alignment.ppo.models.loading import frozen, load_causal_lm, load_score_model, load_tokenizer
 from llm.alignment.ppo.ppo_trainer import PPOTrainer
+from llm.alignment.ppo.rollout.decoupled import DecoupledRollout
 from llm.alignment.ppo.rewards.scoring import build_reward_scorer
 
 
@@ -59,7 +60,7 @@ def with_lora(actor, model_args, training_args):
     return actor
 
 
-def load_models(model_args, training_args):
+def load_models(model_args, training_args, with_critic=True):
     """The actor and critic (from the checkpoint when resuming), and the frozen reference and reward models
     the config calls for. With LoRA the reference is the actor with its adapters disabled, unless
     `reference_model_name_or_path` names another model. The critic starts from
@@ -78,7 +79,7 @@ def load_models(model_args, training_args):
     if model_args.reward_model_name_or_path:
         reward_model = frozen(load_score_model(model_args.reward_model_name_or_path, training_args))
     critic = None
-    if training_args.uses_critic:
+    if training_args.uses_critic and with_critic:
         initial = model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path or actor_path
         # Raw values, and no score statistics to track (a collective in every training forward).
         critic = load_score_model(
@@ -96,15 +97,20 @@ def evaluation_only(training_args):
     return training_args.evaluation_only
 
 
-def build_trainer(argv):
-    """Parse the config and build the tokenizer, models, datasets, reward and trainer it describes."""
+def build_trainer(argv, role="trainer"):
+    """Parse the config and build the tokenizer, models, datasets, reward and trainer it describes. The
+    "sampler" role (a decoupled rollout's sampler process, rollout/sampler.py) builds only what samples and
+    scores: no critic, no datasets; its policy weights come from the trainer."""
     model_args, data_args, training_args = parse_arguments(argv)
+    sampler = role == "sampler"
+    if sampler:
+        training_args.resume_from_checkpoint = None
     # Before the models load: they come from the resumed checkpoint (checkpoint_or).
     resolve_resume_checkpoint(training_args, training=not evaluation_only(training_args))
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
     tokenizer = load_tokenizer(model_args.tokenizer_name_or_path or model_args.actor_model_name_or_path, training_args.eos_token)
-    actor, reference, reward_model, critic = load_models(model_args, training_args)
+    actor, reference, reward_model, critic = load_models(model_args, training_args, with_critic=not sampler)
     columns = {"seed": training_args.seed, "prompt_key": data_args.prompt_key, "label_key": data_args.label_key}
 
     def prompts(datasets, max_samples=0):
@@ -115,17 +121,19 @@ def build_trainer(argv):
         )
 
     reward_tokenizer = load_tokenizer(model_args.reward_model_name_or_path) if reward_model is not None else None
+    decoupled = training_args.rollout_mode == "decoupled" and not sampler
     return PPOTrainer(
         model=actor,
         reference_model=reference,
         tokenizer=tokenizer,
         args=training_args,
-        train_dataset=prompts(data_args.train_datasets),
-        eval_dataset=prompts(data_args.eval_datasets, data_args.max_eval_samples) if data_args.eval_datasets else None,
+        train_dataset=None if sampler else prompts(data_args.train_datasets),
+        eval_dataset=prompts(data_args.eval_datasets, data_args.max_eval_samples) if data_args.eval_datasets and not sampler else None,
         reward_scorer=build_reward_scorer(training_args, reward_model, reward_tokenizer),
         critic_model=critic,
-        ptx_dataset=SupervisedDataset(data_args.ptx_datasets, tokenizer, data_args.max_length, **columns) if data_args.ptx_datasets else None,
+        ptx_dataset=SupervisedDataset(data_args.ptx_datasets, tokenizer, data_args.max_length, **columns) if data_args.ptx_datasets and not sampler else None,
         lora_save_merged=model_args.lora_save_merged,
+        rollout=DecoupledRollout(training_args, argv) if decoupled else None,
     )
 
 

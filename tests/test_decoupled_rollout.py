@@ -1,0 +1,226 @@
+"""Decoupled rollout (rollout_mode decoupled): sampler processes sample the next batches while the trainer
+learns. The staleness bound, behaviour log-probs in the ratio, weight publishing that never shows a partial
+file, faults on either side, exact resume, and every kind of run it must serve."""
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import paddle
+import pytest
+
+from helpers import launch_two_processes, running_reward_server
+from llm.alignment.ppo import checkpoint_io, run_ppo
+from llm.alignment.ppo.rollout import ColocatedRollout, weights
+from llm.alignment.ppo.rollout.decoupled import process_alive
+from test_grpo_e2e import REPO_ROOT, TINY_CONFIG, overrides, run_grpo
+from test_grpo_e2e import weights as model_weights
+
+# A checkpoint every 2 steps, no evaluation, a learning rate that does not depend on max_steps.
+QUICK = {"rollout_mode": "decoupled", "save_steps": 2, "eval_datasets": "", "lr_scheduler_type": "constant"}
+
+
+def logged_metrics(trainer):
+    """Wrap the trainer's `log` to keep every step's metrics: the returned list fills as it trains."""
+    steps, log = [], trainer.log
+
+    def keep(metrics, *args, **kwargs):
+        if "staleness" in metrics:
+            steps.append(dict(metrics))
+        return log(metrics, *args, **kwargs)
+
+    trainer.log = keep
+    return steps
+
+
+def train(world, output_dir, **changes):
+    trainer = run_ppo.build_trainer([TINY_CONFIG, *overrides(world, str(output_dir), **{**QUICK, **changes})])
+    steps = logged_metrics(trainer)
+    trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
+    return trainer, steps
+
+
+@pytest.mark.parametrize("max_staleness", [0, 2])
+def test_batches_are_sampled_by_a_policy_at_most_max_staleness_steps_old(tiny_world, tmp_path, max_staleness):
+    trainer, steps = train(tiny_world, tmp_path, max_steps=4, max_staleness=max_staleness, save_steps=0)
+    # Step k trains on a batch requested max_staleness steps earlier, sampled by the policy of then (version 0 at
+    # first); the trainer waits for batches, the sampler for work and weights, and both are logged.
+    assert [m["staleness"] for m in steps] == [min(k - 1, max_staleness) for k in range(1, 5)]
+    assert all(m["rollout_wait_s"] >= 0 and m["train_wait_s"] >= 0 for m in steps)
+    # The samplers are gone and so are the published weights; the sampler's log stays.
+    rollout_dir = tmp_path / "rollout"
+    assert sorted(os.listdir(rollout_dir)) == ["sampler-0.log"]
+
+
+class StaleRollout(ColocatedRollout):
+    """The trainer's own rollouts, handed over as a hand-made stale batch: every other response scored
+    correct, and behaviour log-probs that make the ratio 2 on correct responses and 1/2 on wrong ones."""
+
+    def sample_next(self):
+        super().sample_next()
+        exp = self.ready[-1].exp
+        exp.scores = paddle.to_tensor([1.0, 0.0] * (len(exp) // 2), dtype="float32")
+        current = self.trainer.compute_logprobs(self.trainer.model, exp)
+        shift = paddle.where(exp.scores > 0, paddle.full_like(exp.scores, -np.log(2.0)), paddle.full_like(exp.scores, np.log(2.0)))
+        exp.old_logprobs = current + shift.unsqueeze(-1)
+
+
+def test_the_ratio_uses_the_behaviour_log_probs_a_stale_batch_brings(tiny_world, tmp_path):
+    argv = overrides(tiny_world, str(tmp_path), max_steps=1, per_device_train_batch_size=16, kl_loss_coeff=0.0, eval_datasets="")
+    trainer = run_ppo.build_trainer([TINY_CONFIG, *argv])
+    trainer.rollout = StaleRollout(trainer)
+    trainer.prepare_training()
+    batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.generation_batch_size)
+    exp, metrics = trainer.rl_step(batches)
+
+    # PPO's clip: ratios of 2 above 1 + clip_range_ratio_high count where the advantage is positive (a correct
+    # response in a group with a wrong one), ratios of 1/2 below 1 - clip_range_ratio_low where it is negative.
+    mask, advantages = exp.response_mask.numpy(), exp.advantages.numpy()
+    correct = (exp.scores.numpy() > 0)[:, None]
+    assert np.isclose(metrics["clipfrac_high"], (mask * correct * (advantages > 0)).sum() / mask.sum(), atol=1e-6)
+    assert np.isclose(metrics["clipfrac_low"], (mask * ~correct * (advantages < 0)).sum() / mask.sum(), atol=1e-6)
+    assert np.isclose(metrics["val/ratio"], (mask * np.where(correct, 2.0, 0.5)).sum() / mask.sum(), rtol=1e-4)
+    assert metrics["clipfrac_low"] > 0.2 and metrics["clipfrac_high"] > 0.2
+
+
+def test_published_weights_are_never_seen_partly_written(tmp_path, monkeypatch):
+    model = paddle.nn.Linear(64, 64)
+    seen, stop = [], threading.Event()
+
+    def reader():  # loads every version it sees while versions are published and removed
+        while not stop.is_set():
+            for name in os.listdir(tmp_path):
+                if weights.WEIGHTS_FILE.match(name):
+                    try:
+                        state = paddle.load(str(tmp_path / name))
+                    except FileNotFoundError:  # removed as older than `keep` between listing and loading
+                        continue
+                    seen.append(sorted(state) == ["bias", "weight"])
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    for version in range(30):
+        weights.publish(model, str(tmp_path), version, keep=1)
+    stop.set()
+    thread.join()
+    assert seen and all(seen)
+    assert sorted(os.listdir(tmp_path)) == ["policy-v28.pdparams", "policy-v29.pdparams"]
+
+    # A write that fails half-way leaves no file under a version's name: a sampler waiting for it times out.
+    def failing_save(state, path):
+        with open(path, "wb") as f:
+            f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(paddle, "save", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        weights.publish(model, str(tmp_path), 30, keep=1)
+    assert not os.path.exists(weights.weights_path(str(tmp_path), 30))
+    with pytest.raises(TimeoutError, match="policy version 30 was not published"):
+        weights.wait_and_load(model, str(tmp_path), 30, timeout=0.2, alive=lambda: True)
+
+
+def test_resume_after_a_crash_trains_exactly_as_an_uninterrupted_run(tiny_world, tmp_path, monkeypatch):
+    train(tiny_world, tmp_path / "straight", max_steps=4)
+
+    # A crash right after checkpoint-2, whose rollout queue holds the batch sampled for step 3.
+    save = checkpoint_io.save_checkpoint
+
+    def save_then_crash(trainer):
+        save(trainer)
+        raise KeyboardInterrupt("crash after the checkpoint")
+
+    monkeypatch.setattr(checkpoint_io, "save_checkpoint", save_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_world, tmp_path / "crashed", max_steps=4)
+    monkeypatch.undo()
+    assert "rollout_queue.rank0.pkl" in os.listdir(tmp_path / "crashed" / "checkpoint-2")
+    with open(tmp_path / "crashed" / "checkpoint-2" / "rollout_queue.rank0.pkl", "rb") as f:
+        assert [batch["version"] for batch in pickle.load(f)] == [1]
+
+    # The same command again resumes there: same batches, same updates.
+    _, steps = train(tiny_world, tmp_path / "crashed", max_steps=4)
+    assert [m["staleness"] for m in steps] == [1, 1]
+    resumed, straight = model_weights(tmp_path / "crashed" / "policy"), model_weights(tmp_path / "straight" / "policy")
+    for name in straight:
+        np.testing.assert_allclose(resumed[name], straight[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def run_in_background(world, output_dir, **changes):
+    argv = overrides(world, str(output_dir), **{**QUICK, **changes})
+    return subprocess.Popen(
+        [sys.executable, os.path.join(REPO_ROOT, "llm", "alignment", "ppo", "run_ppo.py"), TINY_CONFIG, *argv],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def sampler_pid(output_dir, timeout=120):
+    path = output_dir / "rollout" / "sampler-0.json"
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, "the sampler did not start"
+        time.sleep(0.1)
+    return json.loads(path.read_text())["pid"]
+
+
+def test_a_killed_sampler_stops_the_trainer_with_a_message(tiny_world, tmp_path):
+    trainer = run_in_background(tiny_world, tmp_path, max_steps=1000, save_steps=0)
+    os.kill(sampler_pid(tmp_path), signal.SIGKILL)
+    output, _ = trainer.communicate(timeout=60)
+    assert trainer.returncode != 0
+    assert "rollout sampler 0 exited" in output and "sampler-0.log" in output
+
+
+def test_a_killed_trainer_takes_its_sampler_with_it(tiny_world, tmp_path):
+    trainer = run_in_background(tiny_world, tmp_path, max_steps=1000, save_steps=0)
+    pid = sampler_pid(tmp_path)
+    trainer.kill()
+    trainer.wait()
+    deadline = time.monotonic() + 10
+    while process_alive(pid):
+        assert time.monotonic() < deadline, "the sampler outlived its trainer"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({"rl_algorithm": "ppo", "kl_coeff": 0.05}, id="ppo-critic-kl-in-reward"),
+        pytest.param({"rl_algorithm": "reinforce_plus_plus", "kl_coeff": 0.05}, id="reinforce_plus_plus"),
+        pytest.param({"lora": True, "lora_rank": 4, "kl_loss_coeff": 0.01, "learning_rate": 1e-3}, id="lora"),
+        pytest.param({"dynamic_sampling": True, "max_gen_batches": 3}, id="dynamic-sampling"),
+    ],
+)
+def test_every_kind_of_run_trains_with_decoupled_rollout(tiny_world, tmp_path, changes):
+    trainer, steps = train(tiny_world, tmp_path, max_steps=3, save_steps=0, **changes)
+    assert steps[0]["staleness"] == 0 and all(0 <= m["staleness"] <= 1 for m in steps)
+    assert all(np.isfinite(m["loss/policy_avg"]) for m in steps)
+    assert os.path.isdir(tmp_path / "policy")
+
+
+def test_a_lora_policy_publishes_only_its_adapters(tiny_world, tmp_path):
+    argv = overrides(tiny_world, str(tmp_path), lora=True, lora_rank=4, kl_loss_coeff=0.01, eval_datasets="")
+    trainer = run_ppo.build_trainer([TINY_CONFIG, *argv])
+    weights.publish(trainer.model, str(tmp_path), 0, keep=0)
+    published = paddle.load(weights.weights_path(str(tmp_path), 0))
+    assert published and all("lora_" in name for name in published)
+
+
+def test_decoupled_rollout_scores_through_the_reward_server(tiny_world, tmp_path):
+    with running_reward_server("arith") as url:
+        _, steps = train(tiny_world, tmp_path, max_steps=2, save_steps=0, use_rm_server=True, use_rule_reward=False, reward_server=url)
+    assert len(steps) == 2 and all(0 <= m["reward_mean"] <= 1 for m in steps)
+
+
+@pytest.mark.slow
+def test_two_data_parallel_trainers_share_one_sampler(tiny_world, tmp_path):
+    argv = overrides(tiny_world, str(tmp_path), **{**QUICK, "max_steps": 3, "save_steps": 0})
+    logs = launch_two_processes(TINY_CONFIG, argv, tmp_path / "launch")
+    assert all("staleness: 1.0" in log for log in logs.values())
+    assert os.path.isdir(tmp_path / "policy")

@@ -1,6 +1,8 @@
 """The RL losses computed from model outputs, shared by the plain models (ppo_trainer.py) and the
-pipeline-parallel wrappers (model_pp.py), so both train on exactly the same objective."""
+pipeline-parallel wrappers (model_pp.py), so both train on exactly the same objective; and `lm_head_at`, which
+has a causal LM's head project only the positions whose logits are used."""
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -89,3 +91,29 @@ class ValueObjective:
         loss = self.aggregate(token_loss, response_mask, scale)
         stats["loss/value_avg"] = loss.detach()
         return loss, stats
+
+
+def lm_head_layer(model):
+    """The LM head of a causal LM (the sublayer named `lm_head`), under whatever wraps it (paddle.DataParallel,
+    LoRAModel, auto-parallel); None if it has none or its head takes sequence-parallel [tokens, hidden] input."""
+    head = next((layer for name, layer in model.named_sublayers(include_self=True) if name.split(".")[-1] == "lm_head"), None)
+    if head is None or getattr(getattr(head, "config", None), "sequence_parallel", False):
+        return None
+    return head
+
+
+@contextlib.contextmanager
+def lm_head_at(model, positions):
+    """Within, calls of `model` project only hidden_states[:, positions] through its LM head (a forward
+    pre-hook on the head, so every wrapper's own forward still runs), and the logits cover those positions
+    only: no head FLOPs, logits memory or slice gradient for the others. Yields whether that is so; False
+    for a model without a separate LM head (see lm_head_layer), whose logits then cover every position."""
+    head = lm_head_layer(model)
+    if head is None:
+        yield False
+        return
+    hook = head.register_forward_pre_hook(lambda layer, inputs: (inputs[0][:, positions], *inputs[1:]))
+    try:
+        yield True
+    finally:
+        hook.remove()

@@ -44,12 +44,13 @@ from llm.alignment.ppo.comm_utils import (
 )
 from llm.alignment.ppo.data import IGNORE_INDEX
 from llm.alignment.ppo.experience import Experience
-from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
+from llm.alignment.ppo.infer_utils import SamplingConfig, draw_seed, generate_rollouts
 from llm.alignment.ppo.models.lora_utils import adapters_disabled, is_lora
 from llm.alignment.ppo.models.ppo_model_utils import PolicyObjective, ValueObjective, lm_head_at
 from llm.alignment.ppo.models.score_model_utils import RunningMeanStd
 from llm.alignment.ppo.models.tensor_parallel import is_tensor_parallel, whole
 from llm.alignment.ppo.offload_utils import OffloadPlan
+from llm.alignment.ppo.rollout import ColocatedRollout, RolloutTiming
 
 
 def response_logits(model, exp):
@@ -105,14 +106,16 @@ def hybrid_parallel_step(optimizer):
 class PPOTrainer(Trainer):
     def __init__(
         self, model, reference_model, tokenizer, args, train_dataset, eval_dataset, reward_scorer,
-        critic_model=None, ptx_dataset=None, lora_save_merged=False,
+        critic_model=None, ptx_dataset=None, lora_save_merged=False, rollout=None,
     ):
+        """`rollout`: where the batches of rollouts come from (rollout/engines.py); default the trainer itself."""
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, tokenizer=tokenizer)
         self.reference_model = reference_model
         self.reward_scorer = reward_scorer
         self.critic = critic_model
         self.ptx_dataset = ptx_dataset
         self.lora_save_merged = lora_save_merged
+        self.rollout = rollout or ColocatedRollout(self)
         if args.uses_reference_model and reference_model is None and not is_lora(model):
             raise ValueError("the KL term needs a reference model (or a LoRA actor, whose base weights serve as one)")
         self.reward_normalizer = RunningMeanStd(1) if args.normalize_reward else None
@@ -125,7 +128,8 @@ class PPOTrainer(Trainer):
         self.value_objective = ValueObjective.from_args(args)
         # With a single optimizer step per rollout the policy has not moved when the loss is computed,
         # so the old log-probs equal the current ones (detached): one forward pass saved, unless the
-        # token rewards need them before the update (a KL penalty in the reward).
+        # token rewards need them before the update (a KL penalty in the reward). Batches sampled ahead
+        # (decoupled rollout) bring the log-probs of the policy that sampled them.
         self.needs_old_logprobs = args.optimizer_steps_per_rl_step > 1 or args.kl_in_reward
         self.offload = self.offload_plan()
 
@@ -223,11 +227,24 @@ class PPOTrainer(Trainer):
         self.state.max_steps, self.state.global_step = args.max_steps, start_step
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         evaluates = self.eval_dataset is not None and args.evaluation_strategy != "no"
+        try:
+            self.rollout.start(self, start_step)
+            self.train_steps(batches, start_step, evaluates)
+        finally:
+            self.rollout.close()
+        if evaluates:
+            self.log_evaluation("eval")
+        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+        if args.save_strategy != "no":
+            checkpoint_io.save_checkpoint(self)
+        checkpoint_io.save_final_models(self)
+
+    def train_steps(self, batches, start_step, evaluates):
+        args = self.args
         if evaluates and start_step == 0:
             self.log_evaluation("initial_eval")
         for step in range(start_step + 1, args.max_steps + 1):
-            exp, metrics = self.rl_step(batches)
-            self.state.global_step = step
+            exp, metrics = self.advance(batches)
             self.control = self.callback_handler.on_step_end(args, self.state, self.control)
             if args.logging_steps and step % args.logging_steps == 0:
                 self.log(metrics)
@@ -237,12 +254,13 @@ class PPOTrainer(Trainer):
                 self.log(self.evaluate())
             if self.is_interval_step(args.save_strategy, args.save_steps, step):
                 checkpoint_io.save_checkpoint(self)
-        if evaluates:
-            self.log_evaluation("eval")
-        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
-        if args.save_strategy != "no":
-            checkpoint_io.save_checkpoint(self)
-        checkpoint_io.save_final_models(self)
+
+    def advance(self, batches):
+        """One RL step, after which the policy is at the next version (state.global_step)."""
+        exp, metrics = self.rl_step(batches)
+        self.state.global_step += 1
+        self.rollout.policy_updated(self.model, self.state.global_step)
+        return exp, metrics
 
     def steps_per_epoch(self):
         """RL steps in one pass over this rank's share of the prompts (one prompt batch per step)."""
@@ -310,11 +328,11 @@ class PPOTrainer(Trainer):
         started = time.time()
         exp, generation = self.make_experience(batches)
         with self.offload.on_device("train_model"):
-            if self.needs_old_logprobs:
+            if self.needs_old_logprobs and exp.old_logprobs is None:
                 exp.old_logprobs = self.compute_logprobs(self.model, exp)
             if self.critic is not None:
                 exp.values = self.compute_values(exp)
-        if args.uses_reference_model:
+        if args.uses_reference_model and exp.ref_logprobs is None:
             exp.ref_logprobs = self.compute_reference_logprobs(exp)
         advantages = call_with_options(
             self.advantage_fn, exp.rewards, exp.response_mask, group_index=exp.group_index, values=exp.values,
@@ -331,20 +349,17 @@ class PPOTrainer(Trainer):
         return exp, metrics
 
     def make_experience(self, batches):
-        """Rollouts of the next prompt batch with their rewards. With DAPO's dynamic sampling
-        (`dynamic_sampling`), groups whose rewards are all equal are dropped and more batches (of
-        global_gen_batch_size's share of prompts) are generated, at most `max_gen_batches`, until a full
-        batch of groups is kept; if that is not reached, the dropped groups fill the rest (they carry no
-        group-relative advantage)."""
+        """The step's rollouts with their rewards. With DAPO's dynamic sampling (`dynamic_sampling`), groups
+        whose rewards are all equal are dropped and more batches (of global_gen_batch_size's share of
+        prompts) are taken, at most `max_gen_batches`, until a full batch of groups is kept; if that is not
+        reached, the dropped groups fill the rest (they carry no group-relative advantage)."""
         args = self.args
-        kept, dropped, seconds = [], [], 0.0
-        for generated in range(1, (args.max_gen_batches if args.dynamic_sampling else 1) + 1):
-            started = time.time()
-            exp = self.generate(next(batches))
-            seconds += time.time() - started
-            self.score(exp)
+        kept, dropped, timing = [], [], RolloutTiming()
+        for taken in range(1, (args.max_gen_batches if args.dynamic_sampling else 1) + 1):
+            exp = self.next_rollouts(batches, timing)
+            self.shape_rewards(exp)
             if not args.dynamic_sampling:
-                return exp, {"rollout_seconds": seconds}
+                return exp, timing.metrics()
             keep = groups_with_reward_variance(exp.rewards, exp.group_index).numpy()
             for pool, rows in [(kept, np.flatnonzero(keep)), (dropped, np.flatnonzero(~keep))]:
                 if len(rows):
@@ -352,24 +367,54 @@ class PPOTrainer(Trainer):
             if sum(map(len, kept)) >= args.rollout_batch_size:
                 break
         exp = Experience.concat(kept + dropped, self.tokenizer.pad_token_id).select(0, args.rollout_batch_size)
-        kept_share = sum(map(len, kept)) / (generated * args.generation_batch_size * args.rollout_n)
-        return exp, {"rollout_seconds": seconds, "gen_batches": generated, "kept_group_frac": kept_share}
+        kept_share = sum(map(len, kept)) / (taken * args.generation_batch_size * args.rollout_n)
+        return exp, timing.metrics() | {"dynamic_sampling/gen_batches": taken, "dynamic_sampling/kept_group_frac": kept_share}
 
-    def generate(self, prompts):
-        """`rollout_n` rollouts of each prompt, decoded per_device_rollout_batch_size prompts at a time."""
+    def next_rollouts(self, batches, timing):
+        """The next batch of scored rollouts from `self.rollout`, keeping its `lookahead` batches requested
+        behind it (none past the last step); each request names the policy version now (the steps done)."""
+        version = self.state.global_step
+        ahead = min(self.rollout.lookahead, self.args.max_steps - version - 1)
+        while self.rollout.requested() <= ahead:
+            self.rollout.request(next(batches), draw_seed(), version)
+        started = time.time()
+        batch = self.rollout.take()
+        timing.add(batch, waited=time.time() - started, staleness=version - batch.version)
+        return batch.exp
+
+    def sample(self, items, seed, behaviour_logprobs=False):
+        """Rollouts of the prompt `items` sampled from `seed`, with their scores, and the seconds the
+        generation took. `behaviour_logprobs`: also the sampling policy's and the reference's log-probs
+        (what a decoupled rollout's sampler records)."""
+        started = time.time()
+        exp = self.generate(items, seed)
+        seconds = time.time() - started
+        with self.offload.on_device("freeze_model"), self.autocast_smart_context_manager():
+            exp.scores = paddle.to_tensor(self.reward_scorer.score(exp), dtype="float32")
+        if behaviour_logprobs:
+            with self.offload.on_device("train_model"):
+                exp.old_logprobs = self.compute_logprobs(self.model, exp)
+            if self.args.uses_reference_model:
+                exp.ref_logprobs = self.compute_reference_logprobs(exp)
+        return exp, seconds
+
+    def generate(self, prompts, seed):
+        """`rollout_n` rollouts of each prompt, decoded per_device_rollout_batch_size prompts at a time (the
+        i-th from seed + i)."""
         size = self.args.per_device_rollout_batch_size
         with self.offload.on_device("train_model"), self.autocast_smart_context_manager():
             parts = [
-                generate_rollouts(self.model, self.tokenizer, prompts[i : i + size], self.args.rollout_n, self.sampling, self.args.use_fusemt)
-                for i in range(0, len(prompts), size)
+                generate_rollouts(
+                    self.model, self.tokenizer, prompts[start : start + size], self.args.rollout_n, self.sampling,
+                    self.args.use_fusemt, seed=seed + i,
+                )
+                for i, start in enumerate(range(0, len(prompts), size))
             ]
         return parts[0] if len(parts) == 1 else Experience.concat(parts, self.tokenizer.pad_token_id)
 
-    def score(self, exp):
-        """exp.scores from the reward source; exp.rewards after penalties, normalisation and clipping."""
+    def shape_rewards(self, exp):
+        """exp.rewards: the scores after penalties, normalisation and clipping."""
         args = self.args
-        with self.offload.on_device("freeze_model"), self.autocast_smart_context_manager():
-            exp.scores = paddle.to_tensor(self.reward_scorer.score(exp), dtype="float32")
         exp.rewards = shape_rewards(
             exp.scores, exp.finished, exp.response_mask.sum(axis=-1), args.missing_eos_penalty, args.max_dec_len,
             args.overlong_reward_buffer if args.enable_overlong_reward_buffer else 0, args.overlong_penalty_factor,
@@ -537,7 +582,7 @@ class PPOTrainer(Trainer):
         if exp.values is not None:
             local["val/value_mean"] = float(masked_mean(exp.values, exp.response_mask))
             local["val/explained_variance"] = float(explained_variance(exp.values, exp.returns, exp.response_mask))
-        local |= {f"dynamic_sampling/{k}": v for k, v in generation.items() if k != "rollout_seconds"}
+        local |= {k: v for k, v in generation.items() if k != "rollout_seconds"}
         metrics = mean_over_ranks(local)
         totals = all_reduce_scalars(
             {"rate": float(lengths.sum()) / max(generation["rollout_seconds"], 1e-9), "eos": float(exp.finished.astype("float32").sum())}

@@ -66,8 +66,7 @@ def native_unsupported_reason(model):
         return "sliding-window attention is not supported"
     if model.training and getattr(config, "attention_dropout", 0.0) > 0:
         return "attention dropout in training mode"
-    weights = [p for p in model.parameters()]
-    if any(p.dtype != paddle.float32 or not p.place.is_cpu_place() for p in weights):
+    if any(p.dtype != paddle.float32 or not p.place.is_cpu_place() for p in model.parameters()):
         return "only float32 CPU weights are supported"
     for layer in getattr(model, model.base_model_prefix).layers:
         linears = [layer.self_attn.o_proj, layer.mlp.down_proj]

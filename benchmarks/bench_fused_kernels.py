@@ -1,4 +1,5 @@
-"""The fused CPU kernels (csrc/fused_ops.cc via models/fused_kernels.py) against Paddle's unfused ops.
+"""The fused CPU kernels (csrc/fused_ops.cc, csrc/attention_ops.cc via models/fused_kernels.py) against Paddle's
+unfused ops.
 
     python benchmarks/bench_fused_kernels.py [--repeats 7]
 
@@ -103,6 +104,18 @@ def op_cases():
     positions = paddle.arange(TOKENS[1], dtype="int64").expand(list(TOKENS))
     logits = leaf(TOKENS[0], RESPONSE, VOCAB, scale=3.0)
     labels = paddle.randint(0, VOCAB, [TOKENS[0], RESPONSE], dtype="int64")
+    v = leaf(*TOKENS, KV_HEADS, HEAD_DIM)
+    padding = paddle.to_tensor([i % 4 for i in range(TOKENS[0])])  # left padding of 0-3 tokens
+    attention_mask = (paddle.arange(TOKENS[1])[None, :] >= padding[:, None]).astype("int64")
+    mask = fused_kernels.qwen2_modeling.Qwen2Model._prepare_decoder_attention_mask(attention_mask, TOKENS, 0, paddle.float32)
+    config = fused_kernels.qwen2_modeling.Qwen2Config(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS)
+    groups = HEADS // KV_HEADS
+
+    def reference_attention():
+        repeat_kv = fused_kernels.UNFUSED_REPEAT_KV.get(fused_kernels.qwen2_modeling, fused_kernels.qwen2_modeling.repeat_kv)
+        return fused_kernels.qwen2_modeling.scaled_dot_product_attention(
+            q, config, repeat_kv(k, groups), repeat_kv(v, groups), mask, False, training=False
+        )
 
     def reference_token_stats():
         tempered = tempered_logits(logits, 1.0)
@@ -120,6 +133,9 @@ def op_cases():
             lambda: tuple(ops.fused_rotary(q, k, cos, sin, positions)),
         ),
         "log-prob + entropy [64,8,259]": (reference_token_stats, lambda: tuple(ops.fused_token_logprobs(logits, labels, 1.0)[:2])),
+        "attention q[64,14,4,32] kv[64,14,2,32]": (
+            reference_attention, lambda: ops.fused_attention(q, k, v, mask, HEAD_DIM**-0.5)[0]
+        ),
     }
 
 

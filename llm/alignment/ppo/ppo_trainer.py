@@ -46,6 +46,7 @@ from llm.alignment.ppo.data import IGNORE_INDEX
 from llm.alignment.ppo.experience import Experience
 from llm.alignment.ppo.infer_utils import SamplingConfig, draw_seed, generate_rollouts
 from llm.alignment.ppo.models.lora_utils import adapters_disabled, is_lora
+from llm.alignment.ppo.models.native_forward import NativeDecoder
 from llm.alignment.ppo.models.ppo_model_utils import PolicyObjective, ValueObjective, lm_head_at
 from llm.alignment.ppo.models.score_model_utils import RunningMeanStd
 from llm.alignment.ppo.models.tensor_parallel import is_tensor_parallel, whole
@@ -431,8 +432,6 @@ class PPOTrainer(Trainer):
     def compute_logprobs(self, model, exp):
         """Log-probs of the response tokens under `model`, in micro-batches of per_device_logprob_batch_size: [B, R].
         A float32 CPU Qwen2/Llama runs the native no-gradient forward (weights gathered once per call)."""
-        from llm.alignment.ppo.models.native_forward import NativeDecoder
-
         size = self.args.per_device_logprob_batch_size
         chunks = []
         native = NativeDecoder.for_model(model)  # None: the model's own forward (said once why)

@@ -16,8 +16,10 @@ from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
+# The entropy bonus moves the adapters whatever the rewards: the tiny world's model may answer every prompt of
+# three steps wrongly, leaving GRPO no advantage (and the KL term has no gradient while the adapters are zero).
 LORA = {"use_rm_server": False, "use_rule_reward": True, "lora": True, "lora_rank": 4, "learning_rate": 5e-3,
-        "kl_loss_coeff": 0.05, "save_steps": 2, "max_eval_samples": 8, "eval_steps": 100,
+        "kl_loss_coeff": 0.05, "entropy_coeff": 0.01, "save_steps": 2, "max_eval_samples": 8, "eval_steps": 100,
         "offload_level": "freeze_model optimizer train_model"}
 
 

@@ -172,7 +172,9 @@ def test_sharding_stage1_grpo_step_equals_one_process_on_the_same_global_batch(t
     names = sorted(one["weights"])
     before = paddle.load(os.path.join(tiny_world["model"], "model_state.pdparams"))
     moved = [abs(np.abs(before[name].numpy().astype("float64")).sum() - one["weights"][name][1]) for name in names]
-    assert min(moved) > 1e-5  # every parameter moved, on whichever rank its optimizer part sits
+    # Every parameter moved, on whichever rank its optimizer part sits: an unmoved one gives the same float64
+    # sum exactly, while a norm weight with a tiny gradient moves its sum by only a few 1e-6.
+    assert min(moved) > 1e-9
     np.testing.assert_allclose([two["weights"][n] for n in names], [one["weights"][n] for n in names], rtol=1e-7, atol=1e-6)
 
 
@@ -189,7 +191,7 @@ def sharded_argv(world, output_dir, **changes):
 def step_metrics(log):
     """The metrics each step logged (rank 0's worker log), without timings."""
     lines = [line for line in log.splitlines() if "grad_norm: " in line]
-    timings = {"step_time", "eps", "rollout_tokens_per_s"}
+    timings = {"step_time", "eps", "rollout_tokens_per_s", "rollout_wait_s", "train_wait_s"}
     return [
         {key: value for key, value in (item.split(": ") for item in line.split(" - ", 1)[1].split(", ")) if key not in timings}
         for line in lines

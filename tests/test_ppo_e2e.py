@@ -122,7 +122,8 @@ def test_dynamic_sampling_fills_the_batch_with_groups_that_carry_signal(tiny_wor
     exp, generation = trainer.make_experience(batches)
     assert len(exp) == trainer.args.rollout_batch_size
     groups = exp.rewards.numpy().reshape(-1, trainer.args.rollout_n)
-    kept = int(round(generation["kept_group_frac"] * generation["gen_batches"] * trainer.args.per_device_prompt_batch_size))
+    kept_share, taken = generation["dynamic_sampling/kept_group_frac"], generation["dynamic_sampling/gen_batches"]
+    kept = int(round(kept_share * taken * trainer.args.per_device_prompt_batch_size))
     # Every group kept before the filler has rewards that differ; groups stay whole and apart.
     assert (groups[: min(kept, len(groups))].std(axis=1) > 0).all()
     blocks = exp.group_index.numpy().reshape(-1, trainer.args.rollout_n)

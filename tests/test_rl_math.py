@@ -92,11 +92,10 @@ def test_loss_scale_multiplies_back_the_data_parallel_average():
     assert float(LOSS_AGGREGATIONS.get("seq-mean-token-sum")(values, mask, scale)) == pytest.approx((3 + 3) / 4 * 2)
 
 
-def fixed_step_metrics(world, tmp_path, monkeypatch, **changes):
+def fixed_step_metrics(world, tmp_path, **changes):
     """One GRPO step of run_ppo on the fixed rollouts of tests/probes/grpo_first_step.py, and the policy after it."""
     import grpo_first_step
 
-    monkeypatch.setattr(ppo_trainer, "generate_rollouts", grpo_first_step.fixed_rollouts)
     argv = small_run_argv(world, str(tmp_path), use_rm_server="false", use_rule_reward="true", max_steps=1, **changes)
     trainer, exp, metrics = grpo_first_step.first_step_metrics([TINY_CONFIG, *argv])
     return exp, metrics, {name: p.numpy() for name, p in trainer.model.named_parameters()}
@@ -104,9 +103,9 @@ def fixed_step_metrics(world, tmp_path, monkeypatch, **changes):
 
 def test_token_mean_with_gradient_accumulation_equals_one_micro_batch(tiny_world, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(os.path.join(REPO_ROOT, "tests", "probes"))
-    exp, one, weights_one = fixed_step_metrics(tiny_world, tmp_path / "one", monkeypatch, per_device_train_batch_size=16)
+    exp, one, weights_one = fixed_step_metrics(tiny_world, tmp_path / "one", per_device_train_batch_size=16)
     _, two, weights_two = fixed_step_metrics(
-        tiny_world, tmp_path / "two", monkeypatch, per_device_train_batch_size=8, gradient_accumulation_steps=2
+        tiny_world, tmp_path / "two", per_device_train_batch_size=8, gradient_accumulation_steps=2
     )
     halves = exp.response_mask.sum(axis=1).numpy().reshape(2, 8).sum(axis=1)
     assert halves[0] != halves[1], halves  # micro-batches of different token counts: a per-micro-batch mean differs

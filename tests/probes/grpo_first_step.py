@@ -22,16 +22,17 @@ configure_cpu_runtime()  # MKL's code path and threads for this CPU, before padd
 
 import paddle  # noqa: E402
 
-from llm.alignment.ppo import ppo_trainer, run_ppo  # noqa: E402
+from llm.alignment.ppo import run_ppo  # noqa: E402
 from llm.alignment.ppo.comm_utils import finish_distributed_run  # noqa: E402
 from llm.alignment.ppo.infer_utils import left_pad, package_rollouts  # noqa: E402
 from llm.alignment.ppo.models.tensor_parallel import whole  # noqa: E402
+from llm.alignment.ppo.rollout import ColocatedRollout, RolloutBatch  # noqa: E402
 
 # Added to the right sum: the answers of one group, the first one right.
 ANSWER_OFFSETS = (0, 1, -1, 10)
 
 
-def fixed_rollouts(model, tokenizer, items, n, sampling, use_fast=True):
+def fixed_rollouts(tokenizer, items, n):
     input_ids, prompt_mask = left_pad([item["input_ids"] for item in items for _ in range(n)], tokenizer.pad_token_id)
     answers = [str(int(item["label"]) + ANSWER_OFFSETS[i % len(ANSWER_OFFSETS)]) for item in items for i in range(n)]
     responses = [tokenizer.encode(a, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for a in answers]
@@ -40,9 +41,19 @@ def fixed_rollouts(model, tokenizer, items, n, sampling, use_fast=True):
     return package_rollouts(tokenizer, items, n, input_ids, prompt_mask, paddle.to_tensor(padded, dtype="int64"))
 
 
+class FixedRollouts(ColocatedRollout):
+    """The rollout handed to the trainer: the fixed rollouts above, scored by the trainer's reward."""
+
+    def sample_next(self):
+        items, _, version = self.pending.popleft()
+        exp = fixed_rollouts(self.trainer.tokenizer, items, self.trainer.args.rollout_n)
+        self.trainer.score(exp)
+        self.ready.append(RolloutBatch(exp, version, generation_seconds=0.0))
+
+
 def first_step_metrics(argv):
-    ppo_trainer.generate_rollouts = fixed_rollouts
     trainer = run_ppo.build_trainer(argv)
+    trainer.rollout = FixedRollouts(trainer)
     trainer.prepare_training()
     exp, metrics = trainer.rl_step(trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size))
     return trainer, exp, metrics

@@ -390,8 +390,7 @@ class PPOTrainer(Trainer):
         started = time.time()
         exp = self.generate(items, seed)
         seconds = time.time() - started
-        with self.offload.on_device("freeze_model"), self.autocast_smart_context_manager():
-            exp.scores = paddle.to_tensor(self.reward_scorer.score(exp), dtype="float32")
+        self.score(exp)
         if behaviour_logprobs:
             with self.offload.on_device("train_model"):
                 exp.old_logprobs = self.compute_logprobs(self.model, exp)
@@ -412,6 +411,11 @@ class PPOTrainer(Trainer):
                 for i, start in enumerate(range(0, len(prompts), size))
             ]
         return parts[0] if len(parts) == 1 else Experience.concat(parts, self.tokenizer.pad_token_id)
+
+    def score(self, exp):
+        """exp.scores: the reward source's scores of the responses."""
+        with self.offload.on_device("freeze_model"), self.autocast_smart_context_manager():
+            exp.scores = paddle.to_tensor(self.reward_scorer.score(exp), dtype="float32")
 
     def shape_rewards(self, exp):
         """exp.rewards: the scores after penalties, normalisation and clipping."""

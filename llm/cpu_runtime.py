@@ -70,25 +70,30 @@ def recommended_settings(cpuinfo, cpus, local_processes=1):
     return settings
 
 
+def switched_off(environ):
+    return environ.get(SWITCH, "").lower() in ("0", "off", "false", "no")
+
+
+def user_set(environ, key):
+    """Whether `key` is in `environ` with a value other than the one set here (recorded in MARKER)."""
+    ours = dict(item.split("=", 1) for item in environ.get(MARKER, "").split(";") if "=" in item)
+    return key in environ and ours.get(key) != environ[key]
+
+
 def configure_cpu_runtime(environ=None, cpuinfo=None, cpus=None):
     """Put the recommended settings into `environ` (default os.environ) where the user has not set them;
     returns the ones set. Call before `import paddle`. Thread settings are left alone when the user set any
     of OMP_NUM_THREADS / MKL_NUM_THREADS (MKL follows OMP_NUM_THREADS when MKL_NUM_THREADS is unset)."""
     environ = os.environ if environ is None else environ
-    if environ.get(SWITCH, "").lower() in ("0", "off", "false", "no"):
+    if switched_off(environ):
         return {}
-    ours = dict(item.split("=", 1) for item in environ.get(MARKER, "").split(";") if "=" in item)
-
-    def user_set(key):
-        return key in environ and ours.get(key) != environ[key]
-
     local = int(environ.get("PADDLE_LOCAL_SIZE") or 1)
     wanted = recommended_settings(read_cpuinfo() if cpuinfo is None else cpuinfo, cpus or usable_cpus(), local)
-    if user_set("OMP_NUM_THREADS"):
+    if user_set(environ, "OMP_NUM_THREADS"):
         wanted.pop("MKL_NUM_THREADS")
-        if "MKL_NUM_THREADS" in environ and not user_set("MKL_NUM_THREADS"):
+        if "MKL_NUM_THREADS" in environ and not user_set(environ, "MKL_NUM_THREADS"):
             del environ["MKL_NUM_THREADS"]  # a parent's share of the cores, not the user's choice
-    applied = {key: value for key, value in wanted.items() if not user_set(key)}
+    applied = {key: value for key, value in wanted.items() if not user_set(environ, key)}
     environ.update(applied)
     if applied:
         environ[MARKER] = ";".join(f"{key}={value}" for key, value in sorted(applied.items()))
@@ -100,3 +105,21 @@ def describe(environ=None):
     environ = os.environ if environ is None else environ
     keys = ("MKL_DEBUG_CPU_TYPE", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
     return "cpu settings: " + ", ".join(f"{key}={environ.get(key, '(unset)')}" for key in keys)
+
+
+def give_cores_away(count, environ=None):
+    """Set aside the last `count` cores this process may use, one for each helper process (a decoupled
+    rollout's CPU samplers), and keep the others: this process runs on them and, unless the user chose
+    thread counts, MKL runs one thread per kept core. Returns the cores set aside, or None when fewer than
+    count + 1 cores are usable or the settings here are switched off (then nothing changes)."""
+    environ = os.environ if environ is None else environ
+    cores = sorted(os.sched_getaffinity(0))
+    if switched_off(environ) or len(cores) <= count:
+        return None
+    kept = cores[:-count]
+    os.sched_setaffinity(0, kept)
+    if not (user_set(environ, "MKL_NUM_THREADS") or user_set(environ, "OMP_NUM_THREADS")):
+        import paddle  # loaded already: MKL has read its thread count, so it is changed through paddle
+
+        paddle.base.core.set_num_threads(len(kept))
+    return cores[-count:]

@@ -19,6 +19,7 @@ any exit of the training loop, Ctrl-C included.
 """
 
 import atexit
+import contextlib
 import json
 import os
 import pickle
@@ -32,6 +33,7 @@ import paddle.distributed as dist
 import zmq
 
 import llm
+from llm.cpu_runtime import give_cores_away
 from llm.alignment.ppo.checkpoint_utils import barrier
 from llm.alignment.ppo.rollout import weights
 from llm.alignment.ppo.rollout.engines import Rollout, RolloutBatch
@@ -68,6 +70,20 @@ def log_tail(path, lines=LOG_TAIL_LINES):
         return "(no log)"
 
 
+@contextlib.contextmanager
+def started_on(core):
+    """Processes started inside the block run on `core` (they inherit the starter's affinity); None: as the starter."""
+    if core is None:
+        yield
+        return
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, own)
+
+
 def sampler_environment(device):
     """The trainer's environment without paddle.distributed's launch variables (a sampler is a process of
     its own), on its GPU, with this repository importable."""
@@ -77,8 +93,6 @@ def sampler_environment(device):
     }
     if device != "cpu":
         env["CUDA_VISIBLE_DEVICES"] = device
-    else:
-        env.setdefault("OMP_NUM_THREADS", "1")  # one core of its own
     root = os.path.dirname(os.path.dirname(os.path.abspath(llm.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
     return env
@@ -115,16 +129,24 @@ class DecoupledRollout(Rollout):
         weights.publish(model, self.folder, version, keep=0)
         self.socket_dir = tempfile.mkdtemp(prefix="paddle-alignment-rollout-")
         atexit.register(self.close)
+        cores = self.sampler_cores()
         for index, device in enumerate(self.args.sampler_devices):
             command = [
                 sys.executable, "-m", SAMPLER_MODULE, "--index", str(index), "--rollout_dir", self.folder,
                 "--endpoint", f"ipc://{self.socket_dir}/sampler-{index}", "--trainer_pid", str(os.getpid()),
                 "--timeout", str(self.args.rollout_timeout), "--", *self.argv,
             ]
-            with open(log_file(self.folder, index), "w") as log:
+            with open(log_file(self.folder, index), "w") as log, started_on(cores.get(index)):
                 self.processes.append(
                     subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=sampler_environment(device))
                 )
+
+    def sampler_cores(self):
+        """{sampler index: the core it runs on} for CPU samplers, each a core of its own, when the trainer is one
+        process with cores to spare (it keeps the others); else {} and they share the trainer's cores."""
+        on_cpu = [index for index, device in enumerate(self.args.sampler_devices) if device == "cpu"]
+        given = give_cores_away(len(on_cpu)) if on_cpu and dist.get_world_size() == 1 else None
+        return dict(zip(on_cpu, given or []))
 
     def wait_ready(self, index):
         """Sampler `index`'s ready file, once it serves."""

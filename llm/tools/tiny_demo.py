@@ -98,7 +98,10 @@ def main():
     with reward_server(grpo["reward_task"], args.port, os.path.join(REPO_ROOT, WORK_DIR, "reward_server.log")) as url:
         run(
             [python, "-m", "paddle.distributed.launch", "--nproc_per_node", str(args.nproc_per_node),
-             "--log_dir", f"{WORK_DIR}/launch_log", "llm/alignment/ppo/run_ppo.py", GRPO_CONFIG, "--reward_server", url],
+             "--log_dir", f"{WORK_DIR}/launch_log", "llm/alignment/ppo/run_ppo.py", GRPO_CONFIG, "--reward_server", url,
+             # The SFT model is new: an earlier demo's GRPO checkpoints must not be resumed (they would report
+             # that run's accuracy as this one's).
+             "--overwrite_output_dir", "true"],
             env=env,
         )
 

@@ -15,8 +15,9 @@ import numpy as np
 import paddle
 import pytest
 
-from helpers import launch_two_processes, running_reward_server
+from helpers import built_paddlenlp_ops, launch_two_processes, running_reward_server
 from llm.alignment.ppo import checkpoint_io, run_ppo
+from llm.alignment.ppo.infer_utils import ROLLOUT_OPS
 from llm.alignment.ppo.rollout import ColocatedRollout, weights
 from llm.alignment.ppo.rollout.decoupled import process_alive
 from test_grpo_e2e import REPO_ROOT, TINY_CONFIG, overrides, run_grpo
@@ -87,6 +88,17 @@ def test_the_ratio_uses_the_behaviour_log_probs_a_stale_batch_brings(tiny_world,
     assert np.isclose(metrics["clipfrac_low"], (mask * ~correct * (advantages < 0)).sum() / mask.sum(), atol=1e-6)
     assert np.isclose(metrics["val/ratio"], (mask * np.where(correct, 2.0, 0.5)).sum() / mask.sum(), rtol=1e-4)
     assert metrics["clipfrac_low"] > 0.2 and metrics["clipfrac_high"] > 0.2
+
+
+def test_the_sampler_records_the_behaviour_log_probs_a_forward_pass_gives(tiny_world, tmp_path):
+    built_paddlenlp_ops(ROLLOUT_OPS)  # the fast decode loop records them as it samples
+    argv = overrides(tiny_world, str(tmp_path), temperature=0.7, eval_datasets="", max_dec_len=6, min_dec_len=3)
+    trainer = run_ppo.build_trainer([TINY_CONFIG, *argv])
+    exp, _ = trainer.sample([trainer.train_dataset[i] for i in range(4)], seed=3, behaviour_logprobs=True)
+    forward = trainer.compute_logprobs(trainer.model, exp).numpy()  # softmax(logits / 0.7), as the loss has it
+    mask = exp.response_mask.numpy()
+    assert mask.sum() > 16
+    np.testing.assert_allclose(exp.old_logprobs.numpy() * mask, forward * mask, rtol=1e-5, atol=1e-5)
 
 
 def test_published_weights_are_never_seen_partly_written(tmp_path, monkeypatch):

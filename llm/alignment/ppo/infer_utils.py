@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import paddle
+import paddle.nn.functional as F
 
 from llm.alignment.ppo.custom_ops import paddlenlp_ops_with
 from llm.alignment.ppo.experience import Experience
@@ -87,8 +88,10 @@ def draw_seed():
     return int(paddle.randint(0, 2**31 - 1, [1]))
 
 
-def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: SamplingConfig, seed):
-    """The fast decode loop, sampling from `seed`: returns response ids [B, R], R = the longest response."""
+def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: SamplingConfig, seed, record_logprobs=False):
+    """The fast decode loop, sampling from `seed`: returns response ids [B, R], R = the longest response, and
+    with `record_logprobs` their log-probs under the sampling policy softmax(logits / temperature), taken
+    from the logits before penalties (else None)."""
     rows, prompt_len = input_ids.shape
     max_dec = sampling.max_dec_len
     decoder = StaticCacheDecoder(model, rows, prompt_len + max_dec, prompt_mask)
@@ -103,15 +106,21 @@ def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: Sam
     top_k, top_p = per_row(sampling.top_k, rows, "int64"), per_row(sampling.top_p, rows, "float32")
     seed = decoder.same_on_every_rank(seed)
     logits = decoder.prefill(input_ids)
+    logprobs = []
     for _ in range(max_dec):
+        # The penalty op changes the logits in place: the policy's log-probs come first.
+        policy_logprobs = F.log_softmax(logits / sampling.temperature, axis=-1) if record_logprobs else None
         ops.rollout_token_penalty(logits, history, step_idx, *penalties, eos_ids, no_banned)
         tokens = ops.rollout_sample(logits, temperature, top_k, top_p, step_idx, seed)
+        if record_logprobs:
+            logprobs.append(paddle.take_along_axis(policy_logprobs, tokens.reshape([-1, 1]), axis=1))
         ops.rollout_save_step(history, step_idx, tokens, stop_flags)
         _, _, not_need_stop = ops.rollout_update_stop(tokens, stop_flags, step_idx, eos_ids, max_dec, tokenizer.pad_token_id)
         if not bool(not_need_stop):
             break
         logits = decoder.step(tokens)
-    return history[:, : int(step_idx.max())]
+    length = int(step_idx.max())
+    return history[:, :length], paddle.concat(logprobs[:length], axis=1) if record_logprobs else None
 
 
 def decode_with_generate(model, tokenizer, input_ids, prompt_mask, sampling: SamplingConfig):
@@ -133,24 +142,30 @@ def decode_with_generate(model, tokenizer, input_ids, prompt_mask, sampling: Sam
 
 
 @paddle.no_grad()
-def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_fast=True, seed=None):
+def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_fast=True, seed=None, record_logprobs=False):
     """Sample `n` responses for each prompt item ({"prompt", "label", "input_ids"}) in one batched decode. The
     fast loop samples from `seed` (default: one drawn from paddle's generator); generate() samples from
-    paddle's generator."""
+    paddle's generator. `record_logprobs`: the fast loop also records the sampling policy's log-probs of the
+    response tokens as exp.old_logprobs (generate() does not: they stay None)."""
     prompt_ids = [item["input_ids"] for item in items for _ in range(n)]
     input_ids, prompt_mask = left_pad(prompt_ids, tokenizer.pad_token_id)
     was_training = model.training
     model.eval()
     ops = fast_path_ops(model, use_fast)
+    logprobs = None
     if ops is not None:
-        response_ids = decode_with_ops(
-            ops, model, tokenizer, input_ids, prompt_mask, sampling, draw_seed() if seed is None else seed
+        response_ids, logprobs = decode_with_ops(
+            ops, model, tokenizer, input_ids, prompt_mask, sampling, draw_seed() if seed is None else seed,
+            record_logprobs and not sampling.greedy,
         )
     else:
         response_ids = decode_with_generate(model, tokenizer, input_ids, prompt_mask, sampling)
     if was_training:  # (LoRAModel.train takes no mode argument)
         model.train()
-    return package_rollouts(tokenizer, items, n, input_ids, prompt_mask, response_ids)
+    exp = package_rollouts(tokenizer, items, n, input_ids, prompt_mask, response_ids)
+    if logprobs is not None:
+        exp.old_logprobs = logprobs * exp.response_mask
+    return exp
 
 
 def package_rollouts(tokenizer, items, n, input_ids, prompt_mask, response_ids):

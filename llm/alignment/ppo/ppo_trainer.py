@@ -386,27 +386,29 @@ class PPOTrainer(Trainer):
     def sample(self, items, seed, behaviour_logprobs=False):
         """Rollouts of the prompt `items` sampled from `seed`, with their scores, and the seconds the
         generation took. `behaviour_logprobs`: also the sampling policy's and the reference's log-probs
-        (what a decoupled rollout's sampler records)."""
+        (what a decoupled rollout's sampler records); the fast decode loop records the former as it samples,
+        otherwise a forward pass computes them."""
         started = time.time()
-        exp = self.generate(items, seed)
+        exp = self.generate(items, seed, record_logprobs=behaviour_logprobs)
         seconds = time.time() - started
         self.score(exp)
         if behaviour_logprobs:
-            with self.offload.on_device("train_model"):
-                exp.old_logprobs = self.compute_logprobs(self.model, exp)
+            if exp.old_logprobs is None:
+                with self.offload.on_device("train_model"):
+                    exp.old_logprobs = self.compute_logprobs(self.model, exp)
             if self.args.uses_reference_model:
                 exp.ref_logprobs = self.compute_reference_logprobs(exp)
         return exp, seconds
 
-    def generate(self, prompts, seed):
+    def generate(self, prompts, seed, record_logprobs=False):
         """`rollout_n` rollouts of each prompt, decoded per_device_rollout_batch_size prompts at a time (the
-        i-th from seed + i)."""
+        i-th from seed + i); see generate_rollouts for `record_logprobs`."""
         size = self.args.per_device_rollout_batch_size
         with self.offload.on_device("train_model"), self.autocast_smart_context_manager():
             parts = [
                 generate_rollouts(
                     self.model, self.tokenizer, prompts[start : start + size], self.args.rollout_n, self.sampling,
-                    self.args.use_fusemt, seed=seed + i,
+                    self.args.use_fusemt, seed=seed + i, record_logprobs=record_logprobs,
                 )
                 for i, start in enumerate(range(0, len(prompts), size))
             ]

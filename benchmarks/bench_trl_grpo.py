@@ -1,15 +1,16 @@
 """TRL's GRPOTrainer on the work of benchmarks/bench_grpo.py: completions per second after warm-up (issue 13).
 
-    /work/trl_venv/bin/python benchmarks/bench_trl_grpo.py [--tokenizer DIR] [--steps 20] [--warmup 5] [--threads 2]
+    /work/trl_venv/bin/python benchmarks/bench_trl_grpo.py [--tokenizer DIR] [--model_config DIR] [--steps 20] [--warmup 5] [--threads 2]
 
 The reference figure of issue 13 ("TRL GRPOTrainer ... completions/s") comes from this script; compare it
 with, run back to back on the same machine:
 
     python benchmarks/bench_grpo.py --random_model -- --max_dec_len 8 --min_dec_len 8 --kl_loss_coeff 0.04 --kl_estimator k3
 
-The work of one step is the same: a random tiny Qwen2 of the demo's shape (4 layers, hidden 128,
-intermediate 512, 4 heads, 2 kv heads, tied embeddings, the project's byte-level tokenizer: about 1M
-parameters, float32), 8 prompts of the demo's arithmetic task x 8 samples = 64 completions of exactly 8
+The work of one step is the same: a random tiny Qwen2 of the demo's shape (the config.json of a model
+folder made by llm/tools/build_tiny_model.py at its defaults, read by transformers: 4 layers, hidden 128,
+intermediate 512, 4 heads, 2 kv heads, tied embeddings, the project's byte-level tokenizer; about 1M
+parameters, float32; the weights are torch's random ones), 8 prompts of the demo's arithmetic task x 8 samples = 64 completions of exactly 8
 new tokens (EOS suppressed by min_new_tokens), the rule reward (the `arith` rule, in-process), group
 advantages, k3 KL to a frozen reference model with beta 0.04, and one optimizer step (AdamW) over the 64
 completions: generation_batch_size 64 = per_device_train_batch_size 64 x steps_per_generation 1,
@@ -30,11 +31,13 @@ The `+cpu` wheel is PyTorch's CPU-only build (PyTorch's own CPU wheel index serv
 machine has it in its local wheel folder). Plain `pip install torch` from PyPI also works but pulls
 several GB of CUDA libraries.
 
-The tokenizer is the project's: the folder written by (with the system Python, which has Paddle)
+The tokenizer and the model's shape are the project's: the folders written by (with the system Python,
+which has Paddle)
 
     python -m llm.tools.build_tokenizer --output_dir tiny_demo/models/tokenizer
+    python -m llm.tools.build_tiny_model --tokenizer_dir tiny_demo/models/tokenizer --output_dir tiny_demo/models/tiny-qwen2
 
-(also made by `python -m llm.tools.tiny_demo`); that folder is the default of --tokenizer. The prompts
+(both also made by `python -m llm.tools.tiny_demo`); they are the defaults of --tokenizer and --model_config. The prompts
 are the demo's RL training prompts, generated here by llm/tools/gen_arith.py (standard library only) as
 bench_grpo.py does.
 
@@ -67,6 +70,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from llm.tools.gen_arith import generate  # noqa: E402  (standard library only, no paddle)
 
 DEFAULT_TOKENIZER = os.path.join(REPO_ROOT, "tiny_demo", "models", "tokenizer")
+DEFAULT_MODEL_CONFIG = os.path.join(REPO_ROOT, "tiny_demo", "models", "tiny-qwen2")
 NUM_PROMPTS, NUM_GENERATIONS, NEW_TOKENS = 8, 8, 8
 _INTEGER = re.compile(r"-?\d{1,6}")
 
@@ -127,26 +131,11 @@ def time_phases(trainer, seconds):
         "reference", trainer._get_per_token_logps_and_entropies, only_no_grad=True)
 
 
-def build_model(tokenizer, output_dir, seed=0):
-    """The random tiny Qwen2 of llm/tools/build_tiny_model.py's defaults, saved so that TRL loads the policy
-    and the reference model from one folder (the same initial weights)."""
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        dtype="float32",
-    )
+def build_model(config_dir, tokenizer, output_dir, seed=0):
+    """A random Qwen2 of the shape in `config_dir`'s config.json (the project's tiny model), saved so that TRL
+    loads the policy and the reference model from one folder (the same initial weights)."""
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = Qwen2ForCausalLM(Qwen2Config.from_pretrained(config_dir)).float()
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     return sum(p.numel() for p in model.parameters())
@@ -155,6 +144,7 @@ def build_model(tokenizer, output_dir, seed=0):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, help="the project's byte-level tokenizer folder")
+    parser.add_argument("--model_config", default=DEFAULT_MODEL_CONFIG, help="a model folder whose config.json gives the shape")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
@@ -162,6 +152,9 @@ def main():
     if not os.path.isfile(os.path.join(args.tokenizer, "vocab.json")):
         sys.exit(f"no tokenizer in {args.tokenizer}: make it with the system Python (Paddle's) from the repository "
                  f"root: python -m llm.tools.build_tokenizer --output_dir {args.tokenizer}")
+    if not os.path.isfile(os.path.join(args.model_config, "config.json")):
+        sys.exit(f"no config.json in {args.model_config}: make the tiny model with the system Python (Paddle's): python -m "
+                 f"llm.tools.build_tiny_model --tokenizer_dir {args.tokenizer} --output_dir {args.model_config}")
 
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
@@ -171,7 +164,7 @@ def main():
     dataset = dataset.rename_column("src", "prompt")  # used as written, as the project does (no chat template)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     model_dir = os.path.join(work, "model")
-    n_params = build_model(tokenizer, model_dir)
+    n_params = build_model(args.model_config, tokenizer, model_dir)
 
     config = GRPOConfig(
         output_dir=os.path.join(work, "out"),

@@ -105,21 +105,3 @@ def describe(environ=None):
     environ = os.environ if environ is None else environ
     keys = ("MKL_DEBUG_CPU_TYPE", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
     return "cpu settings: " + ", ".join(f"{key}={environ.get(key, '(unset)')}" for key in keys)
-
-
-def give_cores_away(count, environ=None):
-    """Set aside the last `count` cores this process may use, one for each helper process (a decoupled
-    rollout's CPU samplers), and keep the others: this process runs on them and, unless the user chose
-    thread counts, MKL runs one thread per kept core. Returns the cores set aside, or None when fewer than
-    count + 1 cores are usable or the settings here are switched off (then nothing changes)."""
-    environ = os.environ if environ is None else environ
-    cores = sorted(os.sched_getaffinity(0))
-    if switched_off(environ) or len(cores) <= count:
-        return None
-    kept = cores[:-count]
-    os.sched_setaffinity(0, kept)
-    if not (user_set(environ, "MKL_NUM_THREADS") or user_set(environ, "OMP_NUM_THREADS")):
-        import paddle  # loaded already: MKL has read its thread count, so it is changed through paddle
-
-        paddle.base.core.set_num_threads(len(kept))
-    return cores[-count:]

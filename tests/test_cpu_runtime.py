@@ -12,7 +12,6 @@ from llm.cpu_runtime import (
     MARKER,
     configure_cpu_runtime,
     cpu_vendor_and_flags,
-    give_cores_away,
     read_cpuinfo,
     recommended_settings,
     usable_cpus,
@@ -147,16 +146,3 @@ def test_a_fresh_process_gets_the_settings():
     assert f"MKL_DEBUG_CPU_TYPE={expected.get('MKL_DEBUG_CPU_TYPE', '(unset)')}" in settings
     assert f"MKL_NUM_THREADS={expected['MKL_NUM_THREADS']}" in settings
     assert result.stdout.strip().splitlines()[-1].startswith("gflops_geomean=")
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two usable cores")
-def test_cores_given_to_helper_processes_leave_this_process_the_others():
-    own = os.sched_getaffinity(0)
-    user_threads = {"MKL_NUM_THREADS": "1"}  # the user's thread count stays: MKL's threads are not changed here
-    try:
-        given = give_cores_away(1, environ=user_threads)
-        assert given == [max(own)] and os.sched_getaffinity(0) == own - {max(own)}
-        assert give_cores_away(len(own), environ=user_threads) is None  # none would be left: nothing changes
-    finally:
-        os.sched_setaffinity(0, own)
-    assert give_cores_away(1, environ={"PADDLE_ALIGNMENT_CPU_RUNTIME": "off"}) is None

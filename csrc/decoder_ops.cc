@@ -25,14 +25,10 @@
 #include <string>
 #include <vector>
 
+#include "common/cpu_clones.h"
 #include "common/fused_math.h"
+#include "common/op_checks.h"
 #include "paddle/extension.h"
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(FUSED_OPS_NO_CLONES)
-#define DECODER_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define DECODER_CPU_CLONES
-#endif
 
 namespace {
 
@@ -83,7 +79,7 @@ void MatMul(const float* a, const float* b, float* c, int64_t m, int64_t n, int6
 // ---- elementwise work ------------------------------------------------------------------------------
 
 // paddlenlp's RMSNorm: y = x * rsqrt(mean(x^2) + eps) * weight, per row.
-DECODER_CPU_CLONES void RmsNormRows(const float* x, const float* weight, float eps, int64_t rows, int64_t hidden,
+FUSED_CPU_CLONES void RmsNormRows(const float* x, const float* weight, float eps, int64_t rows, int64_t hidden,
                                     float* y) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * hidden;
@@ -98,7 +94,7 @@ DECODER_CPU_CLONES void RmsNormRows(const float* x, const float* weight, float e
 }
 
 // In place, paddlenlp's rotate_half convention: x * cos + [-x2, x1] * sin (x1, x2 the halves of a head).
-DECODER_CPU_CLONES void RotateHead(float* x, const float* c, const float* s, int64_t dim) {
+FUSED_CPU_CLONES void RotateHead(float* x, const float* c, const float* s, int64_t dim) {
   const int64_t half = dim / 2;
 #pragma omp simd
   for (int64_t i = 0; i < half; ++i) {
@@ -109,7 +105,7 @@ DECODER_CPU_CLONES void RotateHead(float* x, const float* c, const float* s, int
 }
 
 // gate_up rows [gate (I) | up (I)] -> silu(gate) * up rows [I].
-DECODER_CPU_CLONES void SwigluRows(const float* gate_up, int64_t rows, int64_t inner, float* out) {
+FUSED_CPU_CLONES void SwigluRows(const float* gate_up, int64_t rows, int64_t inner, float* out) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* gate = gate_up + r * 2 * inner;
     const float* up = gate + inner;
@@ -119,20 +115,20 @@ DECODER_CPU_CLONES void SwigluRows(const float* gate_up, int64_t rows, int64_t i
   }
 }
 
-DECODER_CPU_CLONES float Dot(const float* a, const float* b, int64_t n) {
+FUSED_CPU_CLONES float Dot(const float* a, const float* b, int64_t n) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }
 
-DECODER_CPU_CLONES void AddScaled(float* out, const float* x, float scale, int64_t n) {
+FUSED_CPU_CLONES void AddScaled(float* out, const float* x, float scale, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] += scale * x[i];
 }
 
 // softmax(scores) over the visible keys, in place; returns the sum of exponentials (0: none visible).
-DECODER_CPU_CLONES float SoftmaxVisible(float* scores, const unsigned char* visible, int64_t keys) {
+FUSED_CPU_CLONES float SoftmaxVisible(float* scores, const unsigned char* visible, int64_t keys) {
   float top = -INFINITY;
   for (int64_t j = 0; j < keys; ++j) top = visible[j] ? std::max(top, scores[j]) : top;
   if (top == -INFINITY) return 0.0f;
@@ -226,8 +222,8 @@ void Attend(const Dims& d, const Cache& cache, int64_t l, int64_t start, const f
 // ---- the op ----------------------------------------------------------------------------------------
 
 void CheckFloat32CPU(const paddle::Tensor& t, const char* name) {
-  PD_CHECK(t.is_cpu() && t.dtype() == paddle::DataType::FLOAT32 && t.is_contiguous(), name,
-           " must be a contiguous float32 CPU tensor");
+  fused::CheckFloat32CPU(t, name);
+  PD_CHECK(t.is_contiguous(), name, " must be contiguous");
 }
 
 void CheckInt64CPU(const paddle::Tensor& t, const char* name) {

@@ -66,8 +66,13 @@ def recommended_settings(cpuinfo, cpus, local_processes=1):
     vendor, flags = cpu_vendor_and_flags(cpuinfo)
     if vendor == "AuthenticAMD" and "avx2" in flags:
         settings["MKL_DEBUG_CPU_TYPE"] = MKL_AVX2
-    settings["MKL_NUM_THREADS"] = str(max(1, cpus // max(1, local_processes)))
+    settings["MKL_NUM_THREADS"] = str(thread_share(cpus, local_processes))
     return settings
+
+
+def thread_share(cpus, processes):
+    """MKL threads of each of `processes` processes sharing `cpus` cores."""
+    return max(1, cpus // max(1, processes))
 
 
 def switched_off(environ):

@@ -32,7 +32,7 @@ import paddle.distributed as dist
 import zmq
 
 import llm
-from llm.cpu_runtime import usable_cpus, user_set
+from llm.cpu_runtime import thread_share, usable_cpus, user_set
 from llm.alignment.ppo.checkpoint_utils import barrier
 from llm.alignment.ppo.rollout import weights
 from llm.alignment.ppo.rollout.engines import Rollout, RolloutBatch
@@ -70,14 +70,15 @@ def log_tail(path, lines=LOG_TAIL_LINES):
 
 
 def share_cores_with_samplers(samplers):
-    """With `samplers` CPU sampler processes beside it, this trainer process runs MKL on its share of the
-    cores (each sampler takes one) instead of all of them, unless the user chose MKL's thread count. Measured
-    on 2 cores: one thread each is 1.1-1.2x faster than the trainer on both cores with the sampler in between
-    (their threads then wait for each other), and faster than pinning each to a core."""
+    """With `samplers` CPU sampler processes on this machine, each trainer process runs MKL on its share of
+    the cores among them and the trainer processes launched here, unless the user chose MKL's thread count.
+    Measured on 2 cores (see README, "Decoupled rollout"): one thread each beat both the trainer on both
+    cores beside the sampler (their threads wait for each other) and each process pinned to a core."""
     if samplers and os.environ.get("MKL_NUM_THREADS") and not user_set(os.environ, "MKL_NUM_THREADS"):
         import paddle  # loaded: MKL has read its thread count, so it is changed through paddle
 
-        paddle.base.core.set_num_threads(max(1, usable_cpus() // (1 + samplers)))
+        trainers = int(os.environ.get("PADDLE_LOCAL_SIZE") or 1)
+        paddle.base.core.set_num_threads(thread_share(usable_cpus(), trainers + samplers))
 
 
 def sampler_environment(device):

@@ -16,6 +16,8 @@ Entry points call `configure_cpu_runtime()` before they import paddle. A value t
 environment is never changed. `PADDLE_ALIGNMENT_CPU_RUNTIME=off` turns all of it off.
 """
 
+import ctypes
+import glob
 import os
 
 # Records the values set here, so that a child process (which inherits them) can tell them apart from
@@ -103,6 +105,25 @@ def configure_cpu_runtime(environ=None, cpuinfo=None, cpus=None):
     if applied:
         environ[MARKER] = ";".join(f"{key}={value}" for key, value in sorted(applied.items()))
     return applied
+
+
+def openmp_workers_sleep_when_idle():
+    """Have this process's OpenMP workers (MKL's threads) sleep as soon as a parallel region ends instead of
+    spinning for 200 ms (Intel OpenMP's KMP_BLOCKTIME), so that another process can use the cores they leave
+    between matrix products. Paddle's CPU wheel ships Intel OpenMP as libs/libiomp5.so; returns False where
+    this paddle has none (its OpenMP then keeps its own waiting policy)."""
+    import paddle
+
+    libraries = glob.glob(os.path.join(os.path.dirname(paddle.__file__), "libs", "libiomp5*.so*"))
+    if not libraries:
+        return False
+    ctypes.CDLL(libraries[0]).kmp_set_blocktime(0)  # the library paddle loaded: same handle, same runtime
+    return True
+
+
+def run_at_idle_priority():
+    """Run this process only on CPU time that no other process wants (Linux SCHED_IDLE)."""
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def describe(environ=None):

@@ -146,3 +146,18 @@ def test_a_fresh_process_gets_the_settings():
     assert f"MKL_DEBUG_CPU_TYPE={expected.get('MKL_DEBUG_CPU_TYPE', '(unset)')}" in settings
     assert f"MKL_NUM_THREADS={expected['MKL_NUM_THREADS']}" in settings
     assert result.stdout.strip().splitlines()[-1].startswith("gflops_geomean=")
+
+
+def test_openmp_workers_sleep_at_once_and_a_process_can_run_at_idle_priority():
+    script = (
+        "import ctypes, glob, os, paddle\n"
+        "from llm.cpu_runtime import openmp_workers_sleep_when_idle, run_at_idle_priority\n"
+        "iomp = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(paddle.__file__), 'libs', 'libiomp5*.so*'))[0])\n"
+        "before = iomp.kmp_get_blocktime()\n"
+        "assert openmp_workers_sleep_when_idle()\n"
+        "run_at_idle_priority()\n"
+        "print(before, iomp.kmp_get_blocktime(), os.sched_getscheduler(0) == os.SCHED_IDLE)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-3:] == ["200", "0", "True"]  # Intel OpenMP's default 200 ms of spinning, then none

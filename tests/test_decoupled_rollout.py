@@ -192,6 +192,7 @@ def test_a_killed_sampler_stops_the_trainer_with_a_message(tiny_world, tmp_path)
 def test_a_killed_trainer_takes_its_sampler_with_it(tiny_world, tmp_path):
     trainer = run_in_background(tiny_world, tmp_path, max_steps=1000, save_steps=0)
     pid = sampler_pid(tmp_path)
+    assert os.sched_getscheduler(pid) == os.SCHED_IDLE  # a CPU sampler takes only the cores the trainer leaves
     trainer.kill()
     trainer.wait()
     deadline = time.monotonic() + 10

@@ -30,9 +30,10 @@ import time
 
 import paddle.distributed as dist
 import zmq
+from paddlenlp.utils.log import logger
 
 import llm
-from llm.cpu_runtime import thread_share, usable_cpus, user_set
+from llm.cpu_runtime import openmp_workers_sleep_when_idle
 from llm.alignment.ppo.checkpoint_utils import barrier
 from llm.alignment.ppo.rollout import weights
 from llm.alignment.ppo.rollout.engines import Rollout, RolloutBatch
@@ -70,21 +71,19 @@ def log_tail(path, lines=LOG_TAIL_LINES):
 
 
 def share_cores_with_samplers(samplers):
-    """With `samplers` CPU sampler processes on this machine, each trainer process runs MKL on its share of
-    the cores among them and the trainer processes launched here, unless the user chose MKL's thread count.
-    Measured on 2 cores (see README, "Decoupled rollout"): one thread each beat both the trainer on both
-    cores beside the sampler (their threads wait for each other) and each process pinned to a core."""
-    if samplers and os.environ.get("MKL_NUM_THREADS") and not user_set(os.environ, "MKL_NUM_THREADS"):
-        import paddle  # loaded: MKL has read its thread count, so it is changed through paddle
-
-        trainers = int(os.environ.get("PADDLE_LOCAL_SIZE") or 1)
-        paddle.base.core.set_num_threads(thread_share(usable_cpus(), trainers + samplers))
+    """With `samplers` CPU sampler processes on this machine, the trainer keeps its MKL threads and lends the
+    samplers the cores those threads leave between matrix products: its OpenMP workers sleep as soon as a
+    product ends, and the samplers run at idle priority (sampler.py), so they never delay the trainer.
+    Measured on 2 cores (see README, "Decoupled rollout"): this beat one MKL thread each, each process
+    pinned to a core, and the trainer's threads spinning beside a lowest-nice sampler."""
+    if samplers and not openmp_workers_sleep_when_idle():
+        logger.warning("this paddle has no Intel OpenMP: its MKL threads may keep the CPU samplers waiting")
 
 
 def sampler_environment(device):
     """The trainer's environment without paddle.distributed's launch variables (a sampler is a process of
     its own), on its GPU, with this repository importable. A CPU sampler runs on one thread (MKL's and
-    OpenMP's; see share_cores_with_samplers)."""
+    OpenMP's), at idle priority (see share_cores_with_samplers)."""
     env = {
         key: value for key, value in os.environ.items()
         if not (key.startswith("PADDLE_") and not key.startswith("PADDLE_ALIGNMENT_")) and not key.startswith("FLAGS_selected_")
@@ -134,7 +133,8 @@ class DecoupledRollout(Rollout):
             command = [
                 sys.executable, "-m", SAMPLER_MODULE, "--index", str(index), "--rollout_dir", self.folder,
                 "--endpoint", f"ipc://{self.socket_dir}/sampler-{index}", "--trainer_pid", str(os.getpid()),
-                "--timeout", str(self.args.rollout_timeout), "--", *self.argv,
+                "--timeout", str(self.args.rollout_timeout), *(["--idle_priority"] if device == "cpu" else []),
+                "--", *self.argv,
             ]
             with open(log_file(self.folder, index), "w") as log:
                 self.processes.append(

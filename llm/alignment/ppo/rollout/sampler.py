@@ -1,7 +1,7 @@
 """A rollout sampler process of decoupled rollout (started by the trainer's rank 0, see rollout/decoupled.py).
 
     python -m llm.alignment.ppo.rollout.sampler --index I --rollout_dir DIR --endpoint ipc://... \\
-        --trainer_pid PID --timeout S -- <the trainer's own arguments>
+        --trainer_pid PID --timeout S [--idle_priority] -- <the trainer's own arguments>
 
 It builds what the trainer's arguments describe for sampling (tokenizer, policy with its LoRA adapters,
 reference model, reward) and serves requests in order: load the policy version a request names, sample
@@ -18,7 +18,7 @@ import sys
 import time
 import traceback
 
-from llm.cpu_runtime import configure_cpu_runtime
+from llm.cpu_runtime import configure_cpu_runtime, run_at_idle_priority
 
 configure_cpu_runtime()  # before paddle loads
 
@@ -90,9 +90,12 @@ def main(argv=None):
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--trainer_pid", type=int, required=True)
     parser.add_argument("--timeout", type=float, required=True)
+    parser.add_argument("--idle_priority", action="store_true", help="a CPU sampler sharing the trainer's cores")
     parser.add_argument("trainer_argv", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     exit_with(args.trainer_pid)
+    if args.idle_priority:
+        run_at_idle_priority()
     from llm.alignment.ppo.run_ppo import build_trainer
 
     trainer_argv = args.trainer_argv[1:] if args.trainer_argv[:1] == ["--"] else args.trainer_argv

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import paddle
 import pytest
+from safetensors.numpy import load_file
 
 from helpers import built_paddlenlp_ops, launch_two_processes, running_reward_server
 from llm.alignment.ppo import checkpoint_io, run_ppo
@@ -110,7 +111,7 @@ def test_published_weights_are_never_seen_partly_written(tmp_path, monkeypatch):
             for name in os.listdir(tmp_path):
                 if weights.WEIGHTS_FILE.match(name):
                     try:
-                        state = paddle.load(str(tmp_path / name))
+                        state = load_file(str(tmp_path / name))
                     except FileNotFoundError:  # removed as older than `keep` between listing and loading
                         continue
                     seen.append(sorted(state) == ["bias", "weight"])
@@ -122,15 +123,15 @@ def test_published_weights_are_never_seen_partly_written(tmp_path, monkeypatch):
     stop.set()
     thread.join()
     assert seen and all(seen)
-    assert sorted(os.listdir(tmp_path)) == ["policy-v28.pdparams", "policy-v29.pdparams"]
+    assert sorted(os.listdir(tmp_path)) == ["policy-v28.safetensors", "policy-v29.safetensors"]
 
     # A write that fails half-way leaves no file under a version's name: a sampler waiting for it times out.
-    def failing_save(state, path):
+    def failing_save(tensors, path):
         with open(path, "wb") as f:
             f.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(paddle, "save", failing_save)
+    monkeypatch.setattr(weights, "save_file", failing_save)
     with pytest.raises(OSError, match="disk full"):
         weights.publish(model, str(tmp_path), 30, keep=1)
     assert not os.path.exists(weights.weights_path(str(tmp_path), 30))
@@ -221,7 +222,7 @@ def test_a_lora_policy_publishes_only_its_adapters(tiny_world, tmp_path):
     argv = overrides(tiny_world, str(tmp_path), lora=True, lora_rank=4, kl_loss_coeff=0.01, eval_datasets="")
     trainer = run_ppo.build_trainer([TINY_CONFIG, *argv])
     weights.publish(trainer.model, str(tmp_path), 0, keep=0)
-    published = paddle.load(weights.weights_path(str(tmp_path), 0))
+    published = load_file(weights.weights_path(str(tmp_path), 0))
     assert published and all("lora_" in name for name in published)
 
 

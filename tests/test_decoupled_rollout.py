@@ -139,6 +139,17 @@ def test_published_weights_are_never_seen_partly_written(tmp_path, monkeypatch):
         weights.wait_and_load(model, str(tmp_path), 30, timeout=0.2, alive=lambda: True)
 
 
+def test_bfloat16_weights_travel_exactly(tmp_path):
+    published, received = paddle.nn.Linear(8, 4), paddle.nn.Linear(8, 4)
+    published.to(dtype="bfloat16")
+    received.to(dtype="bfloat16")
+    weights.publish(published, str(tmp_path), 1, keep=0)
+    weights.wait_and_load(received, str(tmp_path), 1, timeout=1, alive=lambda: True)
+    assert received.weight.dtype == paddle.bfloat16
+    for name, value in published.state_dict().items():
+        np.testing.assert_array_equal(received.state_dict()[name].astype("float32").numpy(), value.astype("float32").numpy())
+
+
 def test_resume_after_a_crash_trains_exactly_as_an_uninterrupted_run(tiny_world, tmp_path, monkeypatch):
     train(tiny_world, tmp_path / "straight", max_steps=4)
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import paddle
-import paddle.nn.functional as F
 
 from llm.alignment.ppo.custom_ops import paddlenlp_ops_with
 from llm.alignment.ppo.experience import Experience
+from llm.alignment.ppo.models.fused_kernels import token_logprobs_and_entropy
 from llm.alignment.ppo.models.static_cache_decoder import StaticCacheDecoder, unsupported_reason
 
 logger = logging.getLogger(__name__)
@@ -108,12 +108,12 @@ def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: Sam
     logits = decoder.prefill(input_ids)
     logprobs = []
     for _ in range(max_dec):
-        # The penalty op changes the logits in place: the policy's log-probs come first.
-        policy_logprobs = F.log_softmax(logits / sampling.temperature, axis=-1) if record_logprobs else None
+        # The penalty op changes the logits in place: the policy's are kept for the log-probs.
+        policy_logits = logits.clone() if record_logprobs else None
         ops.rollout_token_penalty(logits, history, step_idx, *penalties, eos_ids, no_banned)
         tokens = ops.rollout_sample(logits, temperature, top_k, top_p, step_idx, seed)
         if record_logprobs:
-            logprobs.append(paddle.take_along_axis(policy_logprobs, tokens.reshape([-1, 1]), axis=1))
+            logprobs.append(token_logprobs_and_entropy(policy_logits, tokens.reshape([-1]), sampling.temperature)[0].unsqueeze(1))
         ops.rollout_save_step(history, step_idx, tokens, stop_flags)
         _, _, not_need_stop = ops.rollout_update_stop(tokens, stop_flags, step_idx, eos_ids, max_dec, tokenizer.pad_token_id)
         if not bool(not_need_stop):

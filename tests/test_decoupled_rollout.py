@@ -102,41 +102,97 @@ def test_the_sampler_records_the_behaviour_log_probs_a_forward_pass_gives(tiny_w
     np.testing.assert_allclose(exp.old_logprobs.numpy() * mask, forward * mask, rtol=1e-5, atol=1e-5)
 
 
-def test_published_weights_are_never_seen_partly_written(tmp_path, monkeypatch):
-    model = paddle.nn.Linear(64, 64)
+def version_model(version, size=64):
+    """A model whose weights all hold `version`."""
+    model = paddle.nn.Linear(size, size)
+    for param in model.parameters():
+        param.set_value(paddle.full(param.shape, float(version)))
+    return model
+
+
+def test_published_weights_are_never_seen_partly_written(tmp_path):
     seen, stop = [], threading.Event()
 
-    def reader():  # loads every version it sees while versions are published and removed
+    def reader():  # reads every version it sees while versions are published, reused and removed
         while not stop.is_set():
             for name in os.listdir(tmp_path):
-                if weights.WEIGHTS_FILE.match(name):
-                    try:
-                        state = load_file(str(tmp_path / name))
-                    except FileNotFoundError:  # removed as older than `keep` between listing and loading
-                        continue
-                    seen.append(sorted(state) == ["bias", "weight"])
+                match = weights.WEIGHTS_FILE.match(name)
+                if not match:
+                    continue
+                version = int(match.group(1))
+                try:
+                    state = weights.read_version(str(tmp_path / name), version)
+                except FileNotFoundError:  # expired between listing and opening
+                    continue
+                except RuntimeError as error:  # expired and reused while read: no request reads such a file
+                    assert "was reused for policy version" in str(error)
+                    continue
+                seen.append(sorted(state) == ["bias", "weight"] and all((value == version).all() for value in state.values()))
 
+    models = [version_model(version) for version in range(30)]
     thread = threading.Thread(target=reader)
     thread.start()
-    for version in range(30):
+    for version, model in enumerate(models):
         weights.publish(model, str(tmp_path), version, keep=1)
     stop.set()
     thread.join()
     assert seen and all(seen)
     assert sorted(os.listdir(tmp_path)) == ["policy-v28.safetensors", "policy-v29.safetensors"]
 
-    # A write that fails half-way leaves no file under a version's name: a sampler waiting for it times out.
-    def failing_save(tensors, path):
+
+def test_an_expired_file_is_reused_in_place_and_a_read_it_overtakes_fails(tmp_path, monkeypatch):
+    folder = str(tmp_path)
+    for version in range(3):
+        weights.publish(version_model(version), folder, version, keep=1)
+        if version == 0:
+            first_file = os.stat(weights.weights_path(folder, 0)).st_ino
+    # Version 2 was written into version 0's file (expired: older than 2 - keep), and holds version 2.
+    assert os.stat(weights.weights_path(folder, 2)).st_ino == first_file
+    assert sorted(os.listdir(folder)) == ["policy-v1.safetensors", "policy-v2.safetensors"]
+    state = weights.read_version(weights.weights_path(folder, 2), 2)
+    assert all((value == 2).all() for value in state.values())
+    # Another layout (a bigger model) is never written into an old file.
+    weights.publish(version_model(3, size=8), folder, 3, keep=0)
+    assert os.stat(weights.weights_path(folder, 3)).st_ino != first_file
+    assert weights.read_version(weights.weights_path(folder, 3), 3)["weight"].shape == (8, 8)
+
+    # A sampler still reading version 3 when its file is reused for version 5 stops instead of mixing the two.
+    class ReusedWhileRead:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def fileno(self):
+            return self.f.fileno()
+
+        def read(self):
+            data = self.f.read()
+            weights.publish(version_model(5, size=8), folder, 5, keep=1)  # the trainer reuses the file meanwhile
+            return data
+
+    opened = open
+    monkeypatch.setattr(weights, "open", lambda path, mode: ReusedWhileRead(opened(path, mode)) if mode == "rb" else opened(path, mode), raising=False)
+    with pytest.raises(RuntimeError, match="reused for policy version 5 while this sampler read version 3"):
+        weights.read_version(weights.weights_path(folder, 3), 3)
+
+
+def test_a_failed_publish_leaves_no_file_under_the_version_name(tmp_path, monkeypatch):
+    def failing_save(tensors, path, metadata=None):
         with open(path, "wb") as f:
             f.write(b"partial")
         raise OSError("disk full")
 
     monkeypatch.setattr(weights, "save_file", failing_save)
     with pytest.raises(OSError, match="disk full"):
-        weights.publish(model, str(tmp_path), 30, keep=1)
+        weights.publish(version_model(30), str(tmp_path), 30, keep=1)
     assert not os.path.exists(weights.weights_path(str(tmp_path), 30))
     with pytest.raises(TimeoutError, match="policy version 30 was not published"):
-        weights.wait_and_load(model, str(tmp_path), 30, timeout=0.2, alive=lambda: True)
+        weights.wait_and_load(version_model(0), str(tmp_path), 30, timeout=0.2, alive=lambda: True)
 
 
 def test_bfloat16_weights_travel_exactly(tmp_path):

@@ -1,27 +1,40 @@
 """Policy weights from the trainer to the samplers, through the file system, one file per version.
 
 Version v is the policy after v RL steps. The trainer's rank 0 writes `policy-v{v}.safetensors` into the
-rollout folder as a temp file and renames it into place, so a sampler that sees the name reads a complete file.
-safetensors writes the tensors' bytes as they lie in memory, behind a JSON header: half the time of
-paddle.save's pickle (2.6 against 5.5 ms for the demo's 1M-parameter policy, on the trainer's critical path).
-Only the parameters that train travel: a LoRA policy's adapters, or the whole of a fully trained policy;
-the samplers load the same base weights at start. Files older than the oldest version a request can
-still name are removed.
+rollout folder under a temp name and renames it into place, so a sampler that opens the name reads a
+complete file. safetensors lays the tensors' bytes out behind a JSON header (dtype, shape, offsets), with
+the version in its metadata. Only the parameters that train travel: a LoRA policy's adapters, or the whole
+of a fully trained policy; the samplers load the same base weights at start.
+
+A version older than the oldest one a request can still name has expired. Publishing reuses an expired
+file: renamed to the temp name, its header's version and its tensors' bytes are overwritten in place, and
+it is renamed to the new version's name. Its pages are already in memory, so this is a copy of the
+tensors: publishing the demo's 1M-parameter policy takes 1.5 ms instead of 2.7 (the write itself 0.5
+instead of 2.8), on the trainer's critical path. A sampler compares the version in the header before and after it reads, so a file reused while it
+is read (which the request protocol rules out) stops the sampler with an error instead of mixing two
+policies. The other expired files are removed.
 """
 
+import hashlib
+import json
 import os
 import re
 import time
 
 import numpy as np
 import paddle
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load, save_file
 
 WEIGHTS_FILE = re.compile(r"^policy-v(\d+)\.safetensors$")
+HEADER_SIZE_BYTES = 8  # safetensors: the JSON header's length, little-endian, then the header
 
 
 def weights_path(folder, version):
     return os.path.join(folder, f"policy-v{version}.safetensors")
+
+
+def temp_path(folder, version):
+    return os.path.join(folder, f".tmp-policy-v{version}.safetensors")
 
 
 def trained_state(model):
@@ -41,17 +54,77 @@ def host_array(tensor):
     return tensor.numpy()
 
 
+def version_field(version):
+    """The header's version, fixed-width so that every version's header has the same length."""
+    return f"{version:012d}"
+
+
+def layout_of(arrays):
+    """A digest of the names, dtypes and shapes of `arrays`: files with the same one have the same header
+    apart from the version, and the same byte offsets."""
+    signature = [(name, array.dtype.str, array.shape) for name, array in arrays.items()]
+    return hashlib.sha1(repr(signature).encode()).hexdigest()
+
+
+def header_at(fd):
+    """The parsed header of the safetensors file open as `fd`, and its raw bytes (which follow the length)."""
+    length = int.from_bytes(os.pread(fd, HEADER_SIZE_BYTES, 0), "little")
+    raw = os.pread(fd, length, HEADER_SIZE_BYTES)
+    return json.loads(raw), raw
+
+
+def published_versions(folder):
+    return sorted(int(match.group(1)) for match in map(WEIGHTS_FILE.match, os.listdir(folder)) if match)
+
+
 def publish(model, folder, version, keep):
-    """Write version `version` of `model`'s trained weights (called by the rank that publishes), then remove
-    the versions more than `keep` older."""
-    path = weights_path(folder, version)
-    tmp = os.path.join(folder, f".tmp-{os.path.basename(path)}")
-    save_file({name: host_array(value) for name, value in trained_state(model).items()}, tmp)
-    os.replace(tmp, path)
-    for name in os.listdir(folder):
-        match = WEIGHTS_FILE.match(name)
-        if match and int(match.group(1)) < version - keep:
-            os.remove(os.path.join(folder, name))
+    """Write version `version` of `model`'s trained weights (called by the rank that publishes): into an
+    expired file (older than `version - keep`) when one has their layout, else a new one; then remove the
+    other expired versions."""
+    arrays = {name: host_array(value) for name, value in trained_state(model).items()}
+    metadata = {"version": version_field(version), "layout": layout_of(arrays)}
+    expired = [old for old in published_versions(folder) if old < version - keep]
+    tmp = temp_path(folder, version)
+    if not (expired and rewrite_expired(weights_path(folder, expired[-1]), tmp, arrays, metadata)):
+        save_file(arrays, tmp, metadata=metadata)
+    os.replace(tmp, weights_path(folder, version))
+    for old in expired:
+        if os.path.exists(weights_path(folder, old)):
+            os.remove(weights_path(folder, old))
+
+
+def rewrite_expired(path, tmp, arrays, metadata):
+    """Move the expired file `path` to `tmp` and overwrite its version and tensors with `metadata`'s and
+    `arrays`'; False (leaving `tmp` to be written anew) when its layout is not theirs."""
+    os.replace(path, tmp)
+    with open(tmp, "r+b") as f:
+        header, raw = header_at(f.fileno())
+        old = header.get("__metadata__", {})
+        if old.get("layout") != metadata["layout"]:
+            return False
+        # The version first: a sampler that reads this file meanwhile sees it change (see read_version).
+        stale, fresh = (f'"version":"{value}"'.encode() for value in (old["version"], metadata["version"]))
+        os.pwrite(f.fileno(), fresh, HEADER_SIZE_BYTES + raw.index(stale))
+        start = HEADER_SIZE_BYTES + len(raw)
+        for name, array in arrays.items():
+            os.pwrite(f.fileno(), np.ascontiguousarray(array), start + header[name]["data_offsets"][0])
+    return True
+
+
+def read_version(path, version):
+    """The tensors of the file `path` of version `version`, whose header must name that version before and
+    after the read (a publisher reuses only expired files; one reused while read would mix two policies)."""
+    with open(path, "rb") as f:
+        before, _ = header_at(f.fileno())
+        data = f.read()
+        after, _ = header_at(f.fileno())
+    seen = {int(header["__metadata__"]["version"]) for header in (before, after)}
+    if seen != {version}:
+        raise RuntimeError(
+            f"{path} was reused for policy version {max(seen)} while this sampler read version {version}: "
+            "a sampler must not run more than max_staleness + 2 versions behind the trainer"
+        )
+    return load(data)
 
 
 def remove_all(folder):
@@ -72,7 +145,7 @@ def wait_and_load(model, folder, version, timeout, alive):
         if time.monotonic() > deadline:
             raise TimeoutError(f"policy version {version} was not published within {timeout:.0f} s ({path})")
         time.sleep(0.02)
-    state = load_file(path)
+    state = read_version(path, version)
     missing = set(state) - set(model.state_dict())
     if missing:
         raise KeyError(f"{path} holds weights the sampler's policy lacks: {sorted(missing)[:5]}")

@@ -1,4 +1,4 @@
-"""llm/cpu_runtime.py: MKL's AVX2 path on AMD CPUs and MKL's threads, set before paddle loads, never over the
+"""llm/cpu_runtime.py: MKL's AVX2 path on AMD CPUs, MKL's threads and malloc's thresholds, set before paddle loads, never over the
 user's own settings; and every entry point applies them before it imports paddle."""
 
 import ast
@@ -161,3 +161,39 @@ def test_openmp_workers_sleep_at_once_and_a_process_can_run_at_idle_priority():
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-3:] == ["200", "0", "True"]  # Intel OpenMP's default 200 ms of spinning, then none
+
+
+MALLOC_PROBE = """
+import ctypes, os
+from llm.cpu_runtime import configure_cpu_runtime
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.mallinfo2.restype = MallInfo2
+configure_cpu_runtime()
+block = libc.malloc(24 << 20)
+ctypes.memset(block, 1, 24 << 20)
+mapped = libc.mallinfo2().hblkhd
+libc.free(block)
+print(mapped >> 20, libc.mallinfo2().arena >> 20)
+"""
+
+
+@pytest.mark.parametrize("switch", ["on", "off"])
+def test_freed_tensor_memory_stays_with_the_process(switch):
+    # A 24 MiB block, a tensor's size: from the heap, and kept there once freed, so that the next step's
+    # tensors do not fault their pages in again; glibc's defaults map it from the kernel and unmap it.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env["PADDLE_ALIGNMENT_CPU_RUNTIME"] = switch
+    result = subprocess.run([sys.executable, "-c", MALLOC_PROBE], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    mapped_mib, heap_mib = map(int, result.stdout.split())
+    if switch == "on":
+        assert mapped_mib == 0 and heap_mib >= 24
+    else:
+        assert mapped_mib == 24 and heap_mib < 24

@@ -10,9 +10,9 @@ A version older than the oldest one a request can still name has expired. Publis
 file: renamed to the temp name, its header's version and its tensors' bytes are overwritten in place, and
 it is renamed to the new version's name. Its pages are already in memory, so this is a copy of the
 tensors: publishing the demo's 1M-parameter policy takes 1.5 ms instead of 2.7 (the write itself 0.5
-instead of 2.8), on the trainer's critical path. A sampler compares the version in the header before and after it reads, so a file reused while it
-is read (which the request protocol rules out) stops the sampler with an error instead of mixing two
-policies. The other expired files are removed.
+instead of 2.8), on the trainer's critical path. A sampler compares the version in the header before and
+after it reads, so a file reused while it is read (which the request protocol rules out) stops the
+sampler with an error instead of mixing two policies. The other expired files are removed.
 """
 
 import hashlib
@@ -104,11 +104,17 @@ def rewrite_expired(path, tmp, arrays, metadata):
             return False
         # The version first: a sampler that reads this file meanwhile sees it change (see read_version).
         stale, fresh = (f'"version":"{value}"'.encode() for value in (old["version"], metadata["version"]))
-        os.pwrite(f.fileno(), fresh, HEADER_SIZE_BYTES + raw.index(stale))
+        write_at(f.fileno(), fresh, HEADER_SIZE_BYTES + raw.index(stale))
         start = HEADER_SIZE_BYTES + len(raw)
         for name, array in arrays.items():
-            os.pwrite(f.fileno(), np.ascontiguousarray(array), start + header[name]["data_offsets"][0])
+            write_at(f.fileno(), np.ascontiguousarray(array), start + header[name]["data_offsets"][0])
     return True
+
+
+def write_at(fd, data, offset):
+    written = os.pwrite(fd, data, offset)
+    if written != memoryview(data).nbytes:
+        raise OSError(f"wrote {written} of {memoryview(data).nbytes} bytes at offset {offset} of a weights file")
 
 
 def read_version(path, version):

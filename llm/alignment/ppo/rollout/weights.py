@@ -88,9 +88,8 @@ def publish(model, folder, version, keep):
     if not (expired and rewrite_expired(weights_path(folder, expired[-1]), tmp, arrays, metadata)):
         save_file(arrays, tmp, metadata=metadata)
     os.replace(tmp, weights_path(folder, version))
-    for old in expired:
-        if os.path.exists(weights_path(folder, old)):
-            os.remove(weights_path(folder, old))
+    for old in expired[:-1]:  # the last one became this version's file
+        os.remove(weights_path(folder, old))
 
 
 def rewrite_expired(path, tmp, arrays, metadata):

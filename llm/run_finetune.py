@@ -4,7 +4,7 @@
 
 `dataset_name_or_path` is a folder with train.json (and optionally dev.json), one {"src", "tgt"} object
 per line, as in PaddleNLP. The loss covers the target tokens and EOS only. The model and tokenizer are
-saved to `output_dir`.
+saved to `output_dir`. On CPU, AdamW steps every parameter in one fused op (llm/alignment/ppo/fused_optimizer.py).
 """
 
 import os
@@ -25,7 +25,12 @@ from paddlenlp.trainer import Trainer, TrainingArguments, set_seed
 from llm.alignment.ppo.arguments import parse_arguments, refuse_tensor_parallel
 from llm.alignment.ppo.comm_utils import finish_distributed_run
 from llm.alignment.ppo.data import IGNORE_INDEX, SupervisedDataset
+from llm.alignment.ppo.fused_optimizer import FusedOptimizerMixin
 from llm.alignment.ppo.models.loading import load_causal_lm, load_tokenizer
+
+
+class FinetuneTrainer(FusedOptimizerMixin, Trainer):
+    """paddlenlp's Trainer, with the fused CPU AdamW (llm/alignment/ppo/fused_optimizer.py)."""
 
 
 @dataclass
@@ -60,7 +65,7 @@ def main(argv):
             path, tokenizer, data_args.max_length, seed=training_args.seed, prompt_key=data_args.prompt_key, label_key=data_args.label_key
         )
 
-    trainer = Trainer(
+    trainer = FinetuneTrainer(
         model=model,
         args=training_args,
         train_dataset=dataset("train"),

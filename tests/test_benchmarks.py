@@ -22,3 +22,8 @@ def test_bench_grpo_prints_its_figure(tiny_world):
 def test_bench_rollout_prints_its_figure():
     last = run_script("benchmarks/bench_rollout.py", "--configs", "tiny", "--repeats", "1")
     assert last.startswith("speedup_vs_generate=") and float(last.split("=")[1]) > 0
+
+
+def test_bench_optimizer_prints_its_figure():
+    last = run_script("benchmarks/bench_optimizer.py", "--rounds", "1", "--steps", "2", "--layers", "1")
+    assert last.startswith("speedup=") and float(last.split("=")[1]) > 0

@@ -28,7 +28,7 @@ from llm.alignment.ppo.algos import ADVANTAGE_ESTIMATORS
 from llm.alignment.ppo.algos.registry import call_with_options
 from llm.alignment.ppo.algos.losses import LossScale
 from llm.alignment.ppo.algos.masked import masked_mean
-from llm.alignment.ppo.algos.metrics import explained_variance, gradient_norm, rlhf_objective_metrics
+from llm.alignment.ppo.algos.metrics import explained_variance, rlhf_objective_metrics
 from llm.alignment.ppo.algos.reward_shaping import groups_with_reward_variance, shape_rewards
 from llm.alignment.ppo.algos.schedules import build_lr_scheduler
 from llm.alignment.ppo.algos.token_stats import position_ids_from_mask
@@ -44,6 +44,7 @@ from llm.alignment.ppo.comm_utils import (
 )
 from llm.alignment.ppo.data import IGNORE_INDEX
 from llm.alignment.ppo.experience import Experience
+from llm.alignment.ppo.fused_optimizer import FusedOptimizerMixin, build_optimizer, gradient_norm
 from llm.alignment.ppo.infer_utils import SamplingConfig, draw_seed, generate_rollouts
 from llm.alignment.ppo.models.lora_utils import adapters_disabled, is_lora
 from llm.alignment.ppo.models.native_forward import NativeDecoder
@@ -78,12 +79,6 @@ def response_values(critic, exp):
     return scores[:, exp.prompt_len - 1 : -1]
 
 
-def decay_filter(model):
-    """AdamW decays every weight but biases and norms (the Trainer's choice for the actor)."""
-    names = {p.name for n, p in model.named_parameters() if not any(nd in n for nd in ["bias", "norm"])}
-    return lambda name: name in names
-
-
 def hybrid_parallel_step(optimizer):
     """fleet's HybridParallelOptimizer.step in its two halves, returning the pre-clip gradient norm measured
     between them: under fleet hybrid parallel, gradients are reduced inside step(), not during backward,
@@ -104,7 +99,7 @@ def hybrid_parallel_step(optimizer):
     return grad_norm
 
 
-class PPOTrainer(Trainer):
+class PPOTrainer(FusedOptimizerMixin, Trainer):
     def __init__(
         self, model, reference_model, tokenizer, args, train_dataset, eval_dataset, reward_scorer,
         critic_model=None, ptx_dataset=None, lora_save_merged=False, rollout=None,
@@ -165,15 +160,7 @@ class PPOTrainer(Trainer):
             args.critic_lr_scheduler_type, args.critic_learning_rate, args.critic_min_learning_rate,
             int(args.critic_warmup_ratio * num_training_steps), self.decay_steps(args.critic_decay_steps),
         )
-        optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
-        self.critic_optimizer = optimizer_cls(
-            learning_rate=self.critic_lr_scheduler,
-            parameters=self.critic.parameters(),
-            weight_decay=args.critic_weight_decay,
-            apply_decay_param_fun=decay_filter(self.critic),
-            grad_clip=paddle.nn.ClipGradByGlobalNorm(args.max_grad_norm) if args.max_grad_norm > 0 else None,
-            **optimizer_kwargs,
-        )
+        self.critic_optimizer = build_optimizer(args, self.critic, self.critic_lr_scheduler, args.critic_weight_decay)
 
     def _wrap_model(self, model, training=True):
         """paddlenlp's wrapping, except for models split by the tensor-parallel plan: fleet's TensorParallel

@@ -1,4 +1,5 @@
-"""Reward-model trainer: paddlenlp's Trainer with a pairwise loss (`loss_type`) and preference accuracy.
+"""Reward-model trainer: paddlenlp's Trainer with a pairwise loss (`loss_type`) and preference accuracy, and
+the fused CPU AdamW (fused_optimizer.py).
 
 Batches come from `PreferenceCollator`: the N better sequences, then the N worse ones, scored in one
 forward pass of the score model.
@@ -10,9 +11,10 @@ from paddlenlp.trainer import Trainer
 from llm.alignment.ppo.algos import PAIRWISE_LOSSES
 from llm.alignment.ppo.algos.pairwise import end_scores
 from llm.alignment.ppo.comm_utils import all_reduce_scalars, rank_shard
+from llm.alignment.ppo.fused_optimizer import FusedOptimizerMixin
 
 
-class RewardTrainer(Trainer):
+class RewardTrainer(FusedOptimizerMixin, Trainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.pairwise_loss = PAIRWISE_LOSSES.get(self.args.loss_type)

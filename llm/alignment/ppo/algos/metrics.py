@@ -29,9 +29,3 @@ def rlhf_objective_metrics(scores, response_mask, logprobs=None, ref_logprobs=No
         metrics["objective/rlhf_reward"] = (scores - kl_coeff * kl).mean()
     return {k: float(v) for k, v in metrics.items()}
 
-
-def gradient_norm(parameters):
-    """The global L2 norm of the gradients of `parameters` (in float32), as the optimizer's global-norm clip
-    measures it before clipping."""
-    squares = [paddle.square(p.grad.astype("float32")).sum() for p in parameters if p.grad is not None]
-    return float(paddle.sqrt(paddle.add_n(squares))) if squares else 0.0

@@ -53,12 +53,13 @@ ATTENTION_MODULES = (qwen2_modeling, llama_modeling)
 PATCHED = "_fused_kernels_patched"
 
 
-def fused_ops():
-    """The `paddlenlp_ops` module when it provides the fused ops (said once when not), else None; None too
-    with PADDLE_ALIGNMENT_FUSED_KERNELS=off in the environment (Paddle's own ops, for comparison or debugging)."""
+def fused_ops(names=FUSED_OPS, instead="the model runs Paddle's unfused ops"):
+    """The `paddlenlp_ops` module when it provides the fused ops `names` (said once when not, with what runs
+    `instead`), else None; None too with PADDLE_ALIGNMENT_FUSED_KERNELS=off in the environment (Paddle's own
+    ops, for comparison or debugging)."""
     if os.environ.get(SWITCH, "on").lower() == "off":
         return None
-    return paddlenlp_ops_with(FUSED_OPS, "the model runs Paddle's unfused ops")
+    return paddlenlp_ops_with(names, instead)
 
 
 def fusable(*tensors):

@@ -122,3 +122,18 @@ def test_an_other_paddlenlp_ops_falls_back_to_generate_with_one_warning(monkeypa
         np.testing.assert_array_equal(first.input_ids.numpy(), reference.input_ids.numpy())
     finally:
         custom_ops.paddlenlp_ops_with.cache_clear()
+
+
+def test_responses_decode_as_batch_decode_skipping_special_tokens(tmp_path):
+    """Special ids dropped before decoding give batch_decode's own skip_special_tokens=True text."""
+    from llm.tools.build_tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer(str(tmp_path))
+    special = tokenizer.all_special_ids
+    assert len(special) == 3
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, len(tokenizer), size=(300, 7)).tolist()
+    rows[0] = [104, special[0], 105, *special]
+    want = tokenizer.batch_decode(rows, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    assert infer_utils.decode_responses(tokenizer, rows) == want
+    assert want[0] == "hi" and sum(token in special for row in rows for token in row) > 20

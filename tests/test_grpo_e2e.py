@@ -69,9 +69,11 @@ def test_rloo_with_gspo_loss_and_entropy_bonus_trains(tiny_world, tmp_path):
 
 
 def test_reinforce_plus_plus_with_kl_in_the_reward_trains(tiny_world, tmp_path):
+    # A reference other than the actor: the KL penalty differs between samples from the first step, so the
+    # policy moves even when every sampled answer earns the same score.
     run_grpo(
         tiny_world, tmp_path, rl_algorithm="reinforce_plus_plus", kl_coeff=0.05, kl_loss_coeff=0.0, gamma=0.99,
-        eval_steps=0,
+        eval_steps=0, reference_model_name_or_path=tiny_world["random_model"],
     )
     trained, initial = weights(tmp_path / "policy"), weights(tiny_world["model"])
     assert any(not np.array_equal(trained[k], initial[k]) for k in trained)

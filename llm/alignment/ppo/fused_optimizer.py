@@ -23,6 +23,7 @@ Paddle's own, as for the model's fused kernels.
 
 import math
 
+import numpy as np
 import paddle
 from paddlenlp.trainer import Trainer
 
@@ -101,11 +102,14 @@ class FusedClipGradByGlobalNorm(paddle.nn.ClipGradByGlobalNorm):
         clipped = [g for p, g in params_grads if g is not None and getattr(p, "need_clip", True)]
         if self.should_comm_on_shard_dim or not clipped or optimizer_ops() is None or not all(map(dense_fusable, clipped)):
             return super()._dygraph_clip(params_grads)
-        norm = math.sqrt(fused_square_sum(clipped))
-        if norm > self.clip_norm or not self.auto_skip_clip:
-            factor = self.clip_norm / max(norm, self.clip_norm)
+        # The norm and factor in float32, as Paddle's clip and fleet's (sharding) compute them, so that a
+        # sharded run and a single process scale by the same factor.
+        norm = np.sqrt(np.float32(fused_square_sum(clipped)))
+        clip_norm = np.float32(self.clip_norm)
+        if norm > clip_norm or not self.auto_skip_clip:
+            factor = clip_norm / max(norm, clip_norm)
             if factor != 1.0:  # Paddle multiplies by 1.0 then: no change
-                optimizer_ops().fused_scale([g.detach() for g in clipped], factor)
+                optimizer_ops().fused_scale([g.detach() for g in clipped], float(factor))
         return params_grads
 
 

@@ -1,7 +1,5 @@
 """Metrics of one RL step computed from the experience (TRL PPOv2's names where it has one)."""
 
-import paddle
-
 from llm.alignment.ppo.algos.masked import masked_mean
 
 

@@ -28,6 +28,7 @@
 #include "common/cpu_clones.h"
 #include "common/fused_math.h"
 #include "common/op_checks.h"
+#include "common/rms_norm.h"
 #include "paddle/extension.h"
 
 namespace {
@@ -77,21 +78,6 @@ void MatMul(const float* a, const float* b, float* c, int64_t m, int64_t n, int6
 }
 
 // ---- elementwise work ------------------------------------------------------------------------------
-
-// paddlenlp's RMSNorm: y = x * rsqrt(mean(x^2) + eps) * weight, per row.
-FUSED_CPU_CLONES void RmsNormRows(const float* x, const float* weight, float eps, int64_t rows, int64_t hidden,
-                                    float* y) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * hidden;
-    float* yr = y + r * hidden;
-    float squares = 0.0f;
-#pragma omp simd reduction(+ : squares)
-    for (int64_t j = 0; j < hidden; ++j) squares += xr[j] * xr[j];
-    const float inv = 1.0f / std::sqrt(squares / static_cast<float>(hidden) + eps);
-#pragma omp simd
-    for (int64_t j = 0; j < hidden; ++j) yr[j] = xr[j] * inv * weight[j];
-  }
-}
 
 // In place, paddlenlp's rotate_half convention: x * cos + [-x2, x1] * sin (x1, x2 the halves of a head).
 FUSED_CPU_CLONES void RotateHead(float* x, const float* c, const float* s, int64_t dim) {
@@ -309,11 +295,13 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
   const Cache cache{const_cast<float*>(cache_tensor.data<float>()), d};
   for (int64_t l = 0; l < d.layers; ++l) {
     const Layer& w = layers[l];
-    RmsNormRows(hidden.data(), w.input_norm, epsilon, n, d.hidden, normed.data());
+    fused::RmsNormRows(hidden.data(), nullptr, w.input_norm, epsilon, n, d.hidden, normed.data(), nullptr,
+                       nullptr);
     ProjectQkv(w, d, cache, l, start, normed.data(), positions, cos.data<float>(), sin.data<float>(), qkv.data());
     Attend(d, cache, l, start, qkv.data(), key_valid.data<int64_t>(), attn.data());
     MatMul(attn.data(), w.o, hidden.data(), n, d.hidden, d.q_width(), 1.0f);  // the residual add: beta = 1
-    RmsNormRows(hidden.data(), w.post_norm, epsilon, n, d.hidden, normed.data());
+    fused::RmsNormRows(hidden.data(), nullptr, w.post_norm, epsilon, n, d.hidden, normed.data(), nullptr,
+                       nullptr);
     MatMul(normed.data(), w.gate_up, gate_up.data(), n, 2 * d.inner, d.hidden, 0.0f);
     SwigluRows(gate_up.data(), n, d.inner, act.data());
     MatMul(act.data(), w.down, hidden.data(), n, d.hidden, d.inner, 1.0f);
@@ -321,8 +309,8 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
   // The final norm and the LM head, only on the positions whose logits are asked for.
   const int64_t kept = logits_end - logits_start, rows = d.batch * kept;
   for (int64_t b = 0; b < d.batch; ++b) {
-    RmsNormRows(&hidden[(b * d.seq + logits_start) * d.hidden], final_norm, epsilon, kept, d.hidden,
-                &normed[b * kept * d.hidden]);
+    fused::RmsNormRows(&hidden[(b * d.seq + logits_start) * d.hidden], nullptr, final_norm, epsilon, kept,
+                       d.hidden, &normed[b * kept * d.hidden], nullptr, nullptr);
   }
   auto logits = paddle::empty({d.batch, kept, d.vocab}, paddle::DataType::FLOAT32, input_ids.place());
   if (rows > 0) MatMul(normed.data(), lm_head, logits.data<float>(), rows, d.vocab, d.hidden, 0.0f, transpose_lm_head);

@@ -13,25 +13,12 @@
 #include "common/cpu_clones.h"
 #include "common/fused_math.h"
 #include "common/op_checks.h"
+#include "common/rms_norm.h"
 #include "paddle/extension.h"
 
-namespace {
+namespace fused {
 
-using fused::CheckFloat32CPU;
-
-int64_t LastDim(const paddle::Tensor& t, const char* name) {
-  PD_CHECK(!t.shape().empty() && t.shape().back() > 0, name, " must have a non-empty last dimension");
-  return t.shape().back();
-}
-
-std::vector<int64_t> LeadingShape(const std::vector<int64_t>& shape) {
-  return std::vector<int64_t>(shape.begin(), shape.end() - 1);
-}
-
-// ---- fused_rms_norm / fused_add_rms_norm ---------------------------------------------------------
-
-// out = x * rsqrt(mean(x^2) + eps) * weight per row of `hidden`; with `residual`, x = input + residual,
-// written to `sum_out`. inv_rms[r] keeps rsqrt(mean(x^2) + eps) for the backward.
+// See common/rms_norm.h.
 FUSED_CPU_CLONES void RmsNormRows(const float* input, const float* residual, const float* weight, float eps,
                                   int64_t rows, int64_t hidden, float* out, float* sum_out, float* inv_rms) {
   for (int64_t r = 0; r < rows; ++r) {
@@ -47,12 +34,30 @@ FUSED_CPU_CLONES void RmsNormRows(const float* input, const float* residual, con
 #pragma omp simd reduction(+ : squares)
     for (int64_t j = 0; j < hidden; ++j) squares += x[j] * x[j];
     const float inv = 1.0f / std::sqrt(squares / static_cast<float>(hidden) + eps);
-    inv_rms[r] = inv;
+    if (inv_rms != nullptr) inv_rms[r] = inv;
     float* y = out + r * hidden;
 #pragma omp simd
     for (int64_t j = 0; j < hidden; ++j) y[j] = x[j] * inv * weight[j];
   }
 }
+
+}  // namespace fused
+
+namespace {
+
+using fused::CheckFloat32CPU;
+using fused::RmsNormRows;
+
+int64_t LastDim(const paddle::Tensor& t, const char* name) {
+  PD_CHECK(!t.shape().empty() && t.shape().back() > 0, name, " must have a non-empty last dimension");
+  return t.shape().back();
+}
+
+std::vector<int64_t> LeadingShape(const std::vector<int64_t>& shape) {
+  return std::vector<int64_t>(shape.begin(), shape.end() - 1);
+}
+
+// ---- fused_rms_norm / fused_add_rms_norm ---------------------------------------------------------
 
 // y = x * inv * w with inv = (mean(x^2) + eps)^-1/2:
 //   dx = inv * g * w - x * inv^3 * mean(g * w * x)  (+ grad_sum, the gradient reaching x directly),

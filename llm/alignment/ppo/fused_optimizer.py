@@ -165,5 +165,6 @@ class FusedOptimizerMixin:
 
     def create_optimizer(self, lr_scheduler=None):
         if self.optimizer is None and self.optimizer_grouped_parameters is None:
-            self.optimizer = build_optimizer(self.args, self.model, lr_scheduler or self.lr_scheduler, self.args.weight_decay)
+            schedule = self.lr_scheduler if lr_scheduler is None else lr_scheduler
+            self.optimizer = build_optimizer(self.args, self.model, schedule, self.args.weight_decay)
         return super().create_optimizer(lr_scheduler)

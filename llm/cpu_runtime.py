@@ -38,6 +38,8 @@ MKL_AVX2 = "5"
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES = 32 << 20, 64 << 20
 MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+# What configure_cpu_runtime() set for this process, once it ran (see there).
+applied_here = None
 
 
 def read_cpuinfo(path="/proc/cpuinfo"):
@@ -104,7 +106,12 @@ def configure_cpu_runtime(environ=None, cpuinfo=None, cpus=None):
     returns the ones set. For this process (no `environ` given), also keep freed memory for its tensors
     (keep_freed_memory). Call before `import paddle`. Thread settings are left alone when the user set any
     of OMP_NUM_THREADS / MKL_NUM_THREADS (MKL follows OMP_NUM_THREADS when MKL_NUM_THREADS is unset)."""
+    global applied_here
     this_process = environ is None
+    if this_process and applied_here is not None:
+        # A second call (an entry point imported by a script that configured): since the first, `import
+        # paddle` may have set OMP_NUM_THREADS=1, which must not pass for the user's and undo MKL's threads.
+        return applied_here
     environ = os.environ if environ is None else environ
     if switched_off(environ):
         return {}
@@ -120,6 +127,8 @@ def configure_cpu_runtime(environ=None, cpuinfo=None, cpus=None):
     environ.update(applied)
     if applied:
         environ[MARKER] = ";".join(f"{key}={value}" for key, value in sorted(applied.items()))
+    if this_process:
+        applied_here = applied
     return applied
 
 

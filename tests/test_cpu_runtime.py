@@ -101,6 +101,20 @@ def test_launched_processes_share_the_cores():
     assert child["MKL_NUM_THREADS"] == "7"
 
 
+def test_a_second_call_after_paddle_loaded_keeps_the_threads():
+    """A script that configures, imports paddle (which sets OMP_NUM_THREADS=1), then imports an entry point
+    (which configures again) keeps MKL's threads: paddle's value is not the user's."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MKL_NUM_THREADS", "OMP_NUM_THREADS", MARKER)}
+    code = (
+        "import os\nfrom llm.cpu_runtime import configure_cpu_runtime\nfirst = configure_cpu_runtime()\n"
+        "import paddle\nassert os.environ['OMP_NUM_THREADS'] == '1'\nassert configure_cpu_runtime() == first\n"
+        "print(os.environ.get('MKL_NUM_THREADS'))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-1] == recommended_settings(read_cpuinfo(), usable_cpus())["MKL_NUM_THREADS"]
+
+
 def test_threads_never_below_one():
     assert recommended_settings(INTEL, cpus=2, local_processes=8)["MKL_NUM_THREADS"] == "1"
 

@@ -12,6 +12,7 @@ from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer, LlamaCon
 
 from llm.alignment.ppo import custom_ops, infer_utils
 from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
+from llm.alignment.ppo.models.native_forward import SWITCH as NATIVE_SWITCH
 from test_rollout_ops import ops  # noqa: F401  (the fixture: paddlenlp_ops, required in CI)
 
 
@@ -94,6 +95,25 @@ def test_fast_rollouts_are_reproducible_with_the_seed(ops, tiny_world, tokenizer
     first = generate_rollouts(model, tokenizer, items, 4, sampling).input_ids.numpy()
     paddle.seed(5)
     np.testing.assert_array_equal(first, generate_rollouts(model, tokenizer, items, 4, sampling).input_ids.numpy())
+
+
+@pytest.mark.parametrize("native", ["on", "off"])
+def test_a_prompt_prefilled_once_samples_as_its_repeated_rows(ops, tiny_world, tokenizer, monkeypatch, native):  # noqa: F811
+    """Each prompt's cache, prefilled once and repeated for its `copies` rows, samples the tokens and records
+    the log-probs that prefilling every row gives (native forward and eager decoder)."""
+    monkeypatch.setenv(NATIVE_SWITCH, native)
+    model = AutoModelForCausalLM.from_pretrained(tiny_world["random_model"])
+    model.eval()
+    items = eval_items(tiny_world, tokenizer, 3) + prompt_items(tokenizer, ["9+", "1+2+3+4+5+6="])  # padded unequally
+    prompts, mask = infer_utils.left_pad([item["input_ids"] for item in items], tokenizer.pad_token_id)
+    sampling = SamplingConfig(max_dec_len=7, temperature=1.3)
+    with paddle.no_grad():
+        shared = infer_utils.decode_with_ops(ops, model, tokenizer, prompts, mask, sampling, 3, True, copies=4)
+        rows, row_mask = (paddle.repeat_interleave(t, 4, axis=0) for t in (prompts, mask))
+        each = infer_utils.decode_with_ops(ops, model, tokenizer, rows, row_mask, sampling, 3, True)
+    assert shared[0].shape == [20, 7]
+    np.testing.assert_array_equal(shared[0].numpy(), each[0].numpy())
+    np.testing.assert_allclose(shared[1].numpy(), each[1].numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_fast_rollouts_respect_min_and_max_length(ops, tiny_world, tokenizer):  # noqa: F811

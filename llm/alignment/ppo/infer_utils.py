@@ -88,13 +88,15 @@ def draw_seed():
     return int(paddle.randint(0, 2**31 - 1, [1]))
 
 
-def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: SamplingConfig, seed, record_logprobs=False):
-    """The fast decode loop, sampling from `seed`: returns response ids [B, R], R = the longest response, and
-    with `record_logprobs` their log-probs under the sampling policy softmax(logits / temperature), taken
-    from the logits before penalties (else None)."""
-    rows, prompt_len = input_ids.shape
-    max_dec = sampling.max_dec_len
-    decoder = StaticCacheDecoder(model, rows, prompt_len + max_dec, prompt_mask)
+def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: SamplingConfig, seed, record_logprobs=False,
+                    copies=1):
+    """The fast decode loop, sampling from `seed` `copies` responses of each prompt of `input_ids` [P, L]
+    (rows B = P * copies, a prompt's copies adjacent; the prompt is prefilled once and its cache repeated):
+    returns response ids [B, R], R = the longest response, and with `record_logprobs` their log-probs under
+    the sampling policy softmax(logits / temperature), taken from the logits before penalties (else None)."""
+    prompts, prompt_len = input_ids.shape
+    rows, max_dec = prompts * copies, sampling.max_dec_len
+    decoder = StaticCacheDecoder(model, prompts, prompt_len + max_dec, prompt_mask)
     eos_ids = paddle.to_tensor([tokenizer.eos_token_id], dtype="int64")
     no_banned = paddle.zeros([0], dtype="int64")
     history = paddle.full([rows, max_dec], tokenizer.pad_token_id, dtype="int64")
@@ -106,6 +108,9 @@ def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: Sam
     top_k, top_p = per_row(sampling.top_k, rows, "int64"), per_row(sampling.top_p, rows, "float32")
     seed = decoder.same_on_every_rank(seed)
     logits = decoder.prefill(input_ids)
+    if copies > 1:
+        decoder.repeat_rows(copies)
+        logits = paddle.repeat_interleave(logits, copies, axis=0)
     logprobs = []
     for _ in range(max_dec):
         # The penalty op changes the logits in place: the policy's are kept for the log-probs.
@@ -147,22 +152,22 @@ def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_
     fast loop samples from `seed` (default: one drawn from paddle's generator); generate() samples from
     paddle's generator. `record_logprobs`: the fast loop also records the sampling policy's log-probs of the
     response tokens as exp.old_logprobs (generate() does not: they stay None)."""
-    prompt_ids = [item["input_ids"] for item in items for _ in range(n)]
-    input_ids, prompt_mask = left_pad(prompt_ids, tokenizer.pad_token_id)
+    prompt_ids, prompt_mask = left_pad([item["input_ids"] for item in items], tokenizer.pad_token_id)
+    input_ids, row_mask = (paddle.repeat_interleave(t, n, axis=0) for t in (prompt_ids, prompt_mask))
     was_training = model.training
     model.eval()
     ops = fast_path_ops(model, use_fast)
     logprobs = None
     if ops is not None:
         response_ids, logprobs = decode_with_ops(
-            ops, model, tokenizer, input_ids, prompt_mask, sampling, draw_seed() if seed is None else seed,
-            record_logprobs and not sampling.greedy,
+            ops, model, tokenizer, prompt_ids, prompt_mask, sampling, draw_seed() if seed is None else seed,
+            record_logprobs and not sampling.greedy, copies=n,
         )
     else:
-        response_ids = decode_with_generate(model, tokenizer, input_ids, prompt_mask, sampling)
+        response_ids = decode_with_generate(model, tokenizer, input_ids, row_mask, sampling)
     if was_training:  # (LoRAModel.train takes no mode argument)
         model.train()
-    exp = package_rollouts(tokenizer, items, n, input_ids, prompt_mask, response_ids)
+    exp = package_rollouts(tokenizer, items, n, input_ids, row_mask, response_ids)
     if logprobs is not None:
         exp.old_logprobs = logprobs * exp.response_mask
     return exp

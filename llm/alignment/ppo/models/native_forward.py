@@ -160,3 +160,9 @@ class NativeCacheSession:
                               length - 1, length)
         self.position = start + length
         return logits.reshape([self.batch_size, -1])
+
+    def repeat_rows(self, copies):
+        """See StaticCacheDecoder.repeat_rows."""
+        self.cache = paddle.repeat_interleave(self.cache, copies, axis=2)
+        self.key_valid = paddle.repeat_interleave(self.key_valid, copies, axis=0)
+        self.batch_size *= copies

@@ -239,5 +239,14 @@ class StaticCacheDecoder:
     def prefill(self, input_ids):
         return self.forward(input_ids)
 
+    def repeat_rows(self, copies):
+        """Make each row `copies` adjacent rows with its cache and mask (a prompt prefilled once, then sampled
+        several times)."""
+        if self.native is not None:
+            return self.native.repeat_rows(copies)
+        self.keys = [paddle.repeat_interleave(k, copies, axis=0) for k in self.keys]
+        self.values = [paddle.repeat_interleave(v, copies, axis=0) for v in self.values]
+        self.key_mask = paddle.repeat_interleave(self.key_mask, copies, axis=0)
+
     def step(self, tokens):
         return self.forward(tokens.unsqueeze(-1))

@@ -20,7 +20,7 @@ def test_bench_grpo_prints_its_figure(tiny_world):
 
 
 def test_bench_rollout_prints_its_figure():
-    last = run_script("benchmarks/bench_rollout.py", "--configs", "tiny", "--repeats", "1")
+    last = run_script("benchmarks/bench_rollout.py", "--configs", "tiny", "--repeats", "1", "--rollout_n", "8", "--new_tokens", "16")
     assert last.startswith("speedup_vs_generate=") and float(last.split("=")[1]) > 0
 
 

@@ -58,8 +58,13 @@ def main():
     parser.add_argument("--rollout_n", type=int, default=1, help="samples of each prompt (a divisor of 64)")
     parser.add_argument("--new_tokens", type=int, default=128)
     args = parser.parse_args()
-    if BATCH % args.rollout_n:
-        parser.error(f"--rollout_n {args.rollout_n} does not divide the batch of {BATCH}")
+    if args.rollout_n < 1 or BATCH % args.rollout_n:
+        parser.error(f"--rollout_n {args.rollout_n} is not a divisor of the batch of {BATCH}")
+    unknown = set(args.configs.split(",")) - set(CONFIGS)
+    if unknown:
+        parser.error(f"--configs names unknown configs {sorted(unknown)}; choose from {', '.join(CONFIGS)}")
+    if args.new_tokens < 1:
+        parser.error(f"--new_tokens {args.new_tokens} must be at least 1")
     if rollout_ops() is None:
         sys.exit("paddlenlp_ops with the rollout ops is not installed: run python csrc/setup_cpu.py install")
     paddle.set_device("cpu")

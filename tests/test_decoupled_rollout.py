@@ -206,6 +206,15 @@ def test_bfloat16_weights_travel_exactly(tmp_path):
         np.testing.assert_array_equal(received.state_dict()[name].astype("float32").numpy(), value.astype("float32").numpy())
 
 
+def test_weights_the_sampler_cannot_hold_stop_it_with_their_name(tmp_path):
+    weights.publish(paddle.nn.Linear(8, 4), str(tmp_path), 1, keep=0)
+    shapes = r"other shapes than the sampler's policy: bias \[4\] \(the sampler's \[3\]\); weight \[8, 4\] \(the sampler's \[8, 3\]\)$"
+    with pytest.raises(ValueError, match=shapes):
+        weights.wait_and_load(paddle.nn.Linear(8, 3), str(tmp_path), 1, timeout=1, alive=lambda: True)
+    with pytest.raises(KeyError, match=r"the sampler's policy lacks: \['bias'\]"):
+        weights.wait_and_load(paddle.nn.Linear(8, 4, bias_attr=False), str(tmp_path), 1, timeout=1, alive=lambda: True)
+
+
 def test_resume_after_a_crash_trains_exactly_as_an_uninterrupted_run(tiny_world, tmp_path, monkeypatch):
     train(tiny_world, tmp_path / "straight", max_steps=4)
 
@@ -283,6 +292,21 @@ def test_every_kind_of_run_trains_with_decoupled_rollout(tiny_world, tmp_path, c
     assert steps[0]["staleness"] == 0 and all(0 <= m["staleness"] <= 1 for m in steps)
     assert all(np.isfinite(m["loss/policy_avg"]) for m in steps)
     assert os.path.isdir(tmp_path / "policy")
+
+
+@pytest.mark.parametrize(
+    "changes", [pytest.param({}, id="whole-policy"), pytest.param({"lora": True, "lora_rank": 4, "learning_rate": 1e-3}, id="lora")]
+)
+def test_with_no_staleness_the_sampler_samples_with_the_policy_being_trained(tiny_world, tmp_path, changes):
+    # max_staleness 0: step k's batch is sampled by version k - 1, the policy step k trains; with one update
+    # over the whole batch every ratio pi_theta / pi_old is 1, unless the sampler holds other weights.
+    built_paddlenlp_ops(ROLLOUT_OPS)  # behaviour log-probs from the fast decode loop, equal to a forward's
+    _, steps = train(
+        tiny_world, tmp_path, max_steps=3, max_staleness=0, save_steps=0, kl_loss_coeff=0.0, per_device_train_batch_size=16, **changes
+    )
+    assert [m["staleness"] for m in steps] == [0, 0, 0]
+    for m in steps:
+        assert abs(m["val/ratio"] - 1) < 1e-4 and m["val/ratio_var"] < 1e-8 and m["policy/clipfrac_avg"] == 0
 
 
 def test_a_lora_policy_publishes_only_its_adapters(tiny_world, tmp_path):

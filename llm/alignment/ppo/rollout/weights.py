@@ -150,8 +150,23 @@ def wait_and_load(model, folder, version, timeout, alive):
         if time.monotonic() > deadline:
             raise TimeoutError(f"policy version {version} was not published within {timeout:.0f} s ({path})")
         time.sleep(0.02)
-    state = read_version(path, version)
-    missing = set(state) - set(model.state_dict())
+    assign(model, read_version(path, version), path)
+
+
+def assign(model, state, path):
+    """Copy `state` into `model`'s tensors of the same state-dict names. Not `model.set_state_dict`: a model
+    may override it with other names in mind (paddlenlp's LoRAModel passes the dict on to the model it wraps,
+    whose names lack the wrapper's `model.` prefix, and Paddle skips every unknown name with a warning that
+    LoRAModel silences), and this copy must not miss a tensor."""
+    targets = model.state_dict()
+    missing = sorted(set(state) - set(targets))
     if missing:
-        raise KeyError(f"{path} holds weights the sampler's policy lacks: {sorted(missing)[:5]}")
-    model.set_state_dict(state)
+        raise KeyError(f"{path} holds weights the sampler's policy lacks: {missing[:5]}")
+    wrong = [
+        f"{name} {list(value.shape)} (the sampler's {list(targets[name].shape)})"
+        for name, value in sorted(state.items()) if list(value.shape) != list(targets[name].shape)
+    ]
+    if wrong:  # checked before any tensor changes
+        raise ValueError(f"{path} holds weights of other shapes than the sampler's policy: {'; '.join(wrong[:5])}")
+    for name, value in state.items():
+        targets[name].set_value(value)

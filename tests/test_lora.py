@@ -2,6 +2,7 @@
 (adapters switched off, no second copy), adapters are saved and resumed, and a merged copy loads as a
 plain model."""
 
+import json
 import os
 
 import numpy as np
@@ -13,6 +14,7 @@ from paddlenlp.transformers import AutoModelForCausalLM
 from helpers import small_run_argv
 from llm.alignment.ppo import run_ppo
 from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
+from llm.predict import predictor
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
@@ -87,3 +89,33 @@ def test_lora_resume_continues_from_the_checkpoint_adapters(tiny_world, lora_run
 def test_lora_keys_without_lora_are_rejected(tiny_world, tmp_path):
     with pytest.raises(ValueError, match="lora_save_merged=True applies to LoRA adapters: set lora true"):
         run_ppo.build_trainer([TINY_CONFIG, *lora_argv(tiny_world, tmp_path, lora=False, lora_save_merged=True)])
+
+
+def predicted(world, data_file, output_file, *flags):
+    predictor.main(["--data_file", data_file, "--output_file", output_file, "--max_length", "6", "--batch_size", "4", *flags])
+    return [json.loads(line)["output"] for line in open(output_file, encoding="utf-8")]
+
+
+def test_the_predictor_applies_adapters_given_as_lora_path(tiny_world, lora_run, tmp_path):
+    # PaddleNLP's --lora_path: the base model with a LoRA run's adapters predicts as the run's merged policy.
+    with_adapters = ["--model_name_or_path", tiny_world["model"], "--lora_path", str(lora_run / "policy")]
+    model, _ = predictor.load_policy(predictor.parse_arguments([*with_adapters, "--chat"]))
+    merged = AutoModelForCausalLM.from_pretrained(str(lora_run / "policy_merged"))
+    base = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
+    merged.eval(), base.eval()
+    input_ids = paddle.to_tensor([[5, 17, 99, 42, 7]])
+    logits = model(input_ids)[0].numpy()
+    np.testing.assert_allclose(logits, merged(input_ids)[0].numpy(), atol=1e-5)
+    assert np.abs(logits - base(input_ids)[0].numpy()).max() > 1e-3
+    # Decoded end to end (the fast decode loop), the outputs are the merged policy's.
+    data_file = tiny_world["eval"]
+    assert predicted(tiny_world, data_file, str(tmp_path / "a.jsonl"), *with_adapters) == predicted(
+        tiny_world, data_file, str(tmp_path / "m.jsonl"), "--model_name_or_path", str(lora_run / "policy_merged")
+    )
+
+
+def test_the_predictor_names_an_adapters_folder_given_as_the_model(tiny_world, lora_run):
+    with pytest.raises(ValueError, match="holds LoRA adapters only: give the base model as --model_name_or_path"):
+        predictor.main(["--model_name_or_path", str(lora_run / "policy"), "--chat"])
+    with pytest.raises(ValueError, match=r"--lora_path .* not a folder of LoRA adapters \(lora_config.json missing\)"):
+        predictor.main(["--model_name_or_path", tiny_world["model"], "--lora_path", tiny_world["model"], "--chat"])

@@ -23,8 +23,10 @@ from llm.cpu_runtime import configure_cpu_runtime
 configure_cpu_runtime()  # MKL's code path and threads for this CPU, before paddle loads
 
 import paddle
+from paddlenlp.peft import LoRAModel
 from paddlenlp.trainer import PdArgumentParser
 from paddlenlp.transformers import AutoModelForCausalLM
+from paddlenlp.utils.env import LORA_CONFIG_NAME
 from tqdm import tqdm
 
 from llm.alignment.ppo.data.builtin import JsonFileDataset
@@ -44,6 +46,9 @@ class PredictorArgument:
     prediction run scores a checkpoint, and greedy outputs do not depend on the seed."""
 
     model_name_or_path: str = field(default=None, metadata={"help": "Folder of the trained policy (model and tokenizer)."})
+    lora_path: Optional[str] = field(
+        default=None, metadata={"help": "Folder of LoRA adapters (a LoRA run's output_dir/policy) for the base model --model_name_or_path."}
+    )
     data_file: Optional[str] = field(default=None, metadata={"help": "JSONL (or JSON) file of rows with a `src` prompt."})
     output_file: str = field(default="output.json", metadata={"help": "JSONL written with each input row plus `output`."})
     chat: bool = field(default=False, metadata={"help": "Chat on stdin instead of predicting a file; `exit` or EOF quits."})
@@ -65,6 +70,13 @@ class PredictorArgument:
     def __post_init__(self):
         if not self.model_name_or_path or not os.path.isdir(self.model_name_or_path):
             raise ValueError(f"--model_name_or_path {self.model_name_or_path}: not a folder holding a trained model")
+        if is_adapters_folder(self.model_name_or_path):
+            raise ValueError(
+                f"--model_name_or_path {self.model_name_or_path} holds LoRA adapters only: give the base model as "
+                "--model_name_or_path and this folder as --lora_path (or predict with a run's policy_merged)"
+            )
+        if self.lora_path and not is_adapters_folder(self.lora_path):
+            raise ValueError(f"--lora_path {self.lora_path}: not a folder of LoRA adapters ({LORA_CONFIG_NAME} missing)")
         if not self.chat and not self.data_file:
             raise ValueError("give --data_file (batch prediction) or --chat (interactive)")
         if self.data_file and not self.chat and not os.path.isfile(self.data_file):
@@ -92,6 +104,11 @@ class PredictorArgument:
         )
 
 
+def is_adapters_folder(path):
+    """Whether `path` holds LoRA adapters (a LoRA run's output_dir/policy: no model weights of its own)."""
+    return os.path.isfile(os.path.join(path, LORA_CONFIG_NAME))
+
+
 def parse_arguments(argv):
     (args,) = PdArgumentParser(PredictorArgument).parse_args_into_dataclasses(args=argv)
     return args
@@ -109,6 +126,11 @@ def load_policy(args):
     """The model (in `--dtype` when given) and its tokenizer, loaded as the trainer loads them."""
     options = {"dtype": args.dtype} if args.dtype else {}
     model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **options)
+    if args.lora_path:
+        # Folded into the base weights: the model decodes as a plain one, on the fast decode loop.
+        adapters = LoRAModel.from_pretrained(model, args.lora_path)
+        adapters.merge()
+        model = adapters.model
     model.eval()
     return model, load_tokenizer(args.model_name_or_path)
 

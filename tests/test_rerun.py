@@ -5,6 +5,8 @@ checkpoint just written."""
 import hashlib
 import os
 import re
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 from paddlenlp.utils.log import logger
 
 from llm.alignment.ppo.checkpoint_utils import last_complete_checkpoint, resolve_resume_checkpoint, rotate_checkpoints
+from helpers import REPO_ROOT
 from test_grpo_e2e import run_grpo, weights
 
 # Small runs: a checkpoint every step, no evaluation, a learning rate that does not depend on max_steps.
@@ -95,6 +98,40 @@ def test_overwrite_output_dir_removes_the_old_checkpoints_and_starts_at_step_zer
     assert "removed checkpoint-1, checkpoint-2, .tmp-checkpoint-3" in log_text()
     assert "resumed from" not in log_text()
     assert folders(tmp_path) == ["checkpoint-1"]
+
+
+# Another run's process: it claims OUTPUT_DIR as run_ppo does, says so, and keeps running.
+CLAIMING_RUN = """
+import sys, time
+from llm.alignment.ppo.checkpoint_utils import claim_output_dir
+claim_output_dir(sys.argv[1])
+print("claimed", flush=True)
+time.sleep(600)
+"""
+
+
+def start_claiming_run(output_dir):
+    run = subprocess.Popen([sys.executable, "-c", CLAIMING_RUN, str(output_dir)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    assert run.stdout.readline().strip() == "claimed"
+    return run
+
+
+def test_a_rerun_while_the_first_run_still_runs_stops_before_touching_its_output_dir(tiny_world, tmp_path):
+    run_grpo(tiny_world, tmp_path, **QUICK, max_steps=1)
+    first = start_claiming_run(tmp_path)  # the first run's processes, still running (e.g. after its launcher was killed)
+    try:
+        before = snapshot(tmp_path)
+        # Even a rerun that would start afresh (removing the checkpoints) stops first, naming the other run.
+        with pytest.raises(RuntimeError, match=rf"output_dir {tmp_path} is in use by another run \(pid {first.pid} on "):
+            run_grpo(tiny_world, tmp_path, **QUICK, max_steps=2, overwrite_output_dir=True)
+        assert snapshot(tmp_path) == before
+    finally:
+        first.kill()
+        first.wait()
+    # Killed, the first run holds nothing: the rerun resumes, and once it has ended another run may start.
+    run_grpo(tiny_world, tmp_path, **QUICK, max_steps=2)
+    assert folders(tmp_path) == ["checkpoint-1", "checkpoint-2"] and ".run.lock" not in os.listdir(tmp_path)
+    start_claiming_run(tmp_path).kill()
 
 
 def test_resume_from_checkpoint_true_without_a_checkpoint_names_the_output_dir(tiny_world, tmp_path):

@@ -1,11 +1,13 @@
-"""Checkpoint helpers: atomic folders written by every rank, finding, resuming and rotating `checkpoint-N`
-folders, RNG states of every rank, optimizer state keyed by parameter paths. What a checkpoint holds, and
-which rank writes each file, is checkpoint_io's."""
+"""Checkpoint helpers: one run at a time in an output_dir, atomic folders written by every rank, finding,
+resuming and rotating `checkpoint-N` folders, RNG states of every rank, optimizer state keyed by parameter
+paths. What a checkpoint holds, and which rank writes each file, is checkpoint_io's."""
 
 import contextlib
+import fcntl
 import os
 import random
 import shutil
+import socket
 
 import numpy as np
 import paddle
@@ -39,6 +41,60 @@ def collect_rng_states():
 def barrier():
     if is_distributed():
         dist.barrier()
+
+
+RUN_LOCK_NAME = ".run.lock"
+# The open lock file of each output_dir (by real path) this process claimed (rank 0).
+claimed_output_dirs = {}
+
+
+def claim_output_dir(output_dir):
+    """Rank 0 takes an exclusive lock on output_dir/.run.lock, held until release_output_dir, so that a second
+    run in the same output_dir stops at start, before it picks or removes checkpoints, instead of writing its
+    checkpoints between the first's. That happens when a crashed job is rerun while its processes still run (a
+    killed `paddle.distributed.launch` leaves its workers running). The kernel releases the lock when the
+    process exits, however it exits, so a crash leaves none. A second claim by the same process (a script or
+    test building another trainer) keeps the lock it holds."""
+    key = os.path.realpath(output_dir)
+    if dist.get_rank() != 0 or key in claimed_output_dirs:
+        return
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, RUN_LOCK_NAME)
+    while True:
+        lock = open(path, "a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "its process is unknown"
+            lock.close()
+            raise RuntimeError(
+                f"output_dir {output_dir} is in use by another run ({holder}): wait for it to end or stop it, "
+                "or give this run another output_dir"
+            ) from None
+        if is_same_file(path, lock):
+            break
+        lock.close()  # a run that ended removed this file after it was opened: lock the file now there
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    lock.flush()
+    claimed_output_dirs[key] = lock
+
+
+def is_same_file(path, opened):
+    try:
+        return os.stat(path).st_ino == os.fstat(opened.fileno()).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def release_output_dir(output_dir):
+    """Remove the lock file (a finished run leaves none) and release the lock."""
+    lock = claimed_output_dirs.pop(os.path.realpath(output_dir), None)
+    if lock is not None:
+        os.remove(lock.name)  # still locked: a run that opened the file meanwhile finds it gone and retries
+        lock.close()
 
 
 @contextlib.contextmanager

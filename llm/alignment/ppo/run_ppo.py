@@ -20,7 +20,7 @@ from paddlenlp.trainer import set_seed
 from paddlenlp.trl.llm_utils import get_lora_target_modules
 
 from llm.alignment.ppo.arguments import parse_arguments
-from llm.alignment.ppo.checkpoint_utils import resolve_resume_checkpoint
+from llm.alignment.ppo.checkpoint_utils import claim_output_dir, resolve_resume_checkpoint
 from llm.alignment.ppo.comm_utils import finish_distributed_run
 from llm.alignment.ppo.data import PromptOnlyDataset, SupervisedDataset
 from llm.alignment.ppo.models.loading import frozen, load_causal_lm, load_score_model, load_tokenizer
@@ -105,8 +105,11 @@ def build_trainer(argv, role="trainer"):
     sampler = role == "sampler"
     if sampler:
         training_args.resume_from_checkpoint = None
+    training = not evaluation_only(training_args)
+    if training and not sampler:
+        claim_output_dir(training_args.output_dir)  # before a checkpoint is picked, or removed
     # Before the models load: they come from the resumed checkpoint (checkpoint_or).
-    resolve_resume_checkpoint(training_args, training=not evaluation_only(training_args))
+    resolve_resume_checkpoint(training_args, training=training)
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
     tokenizer = load_tokenizer(model_args.tokenizer_name_or_path or model_args.actor_model_name_or_path, training_args.eos_token)

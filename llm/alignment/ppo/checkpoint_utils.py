@@ -93,7 +93,8 @@ def release_output_dir(output_dir):
     """Remove the lock file (a finished run leaves none) and release the lock."""
     lock = claimed_output_dirs.pop(os.path.realpath(output_dir), None)
     if lock is not None:
-        os.remove(lock.name)  # still locked: a run that opened the file meanwhile finds it gone and retries
+        with contextlib.suppress(FileNotFoundError):  # the folder may have been removed meanwhile
+            os.remove(lock.name)  # still locked: a run that opened the file meanwhile finds it gone and retries
         lock.close()
 
 

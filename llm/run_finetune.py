@@ -23,6 +23,7 @@ from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import Trainer, TrainingArguments, set_seed
 
 from llm.alignment.ppo.arguments import parse_arguments, refuse_tensor_parallel
+from llm.alignment.ppo.checkpoint_utils import output_dir_claimed
 from llm.alignment.ppo.comm_utils import finish_distributed_run
 from llm.alignment.ppo.data import IGNORE_INDEX, SupervisedDataset
 from llm.alignment.ppo.fused_optimizer import FusedOptimizerMixin
@@ -74,10 +75,11 @@ def main(argv):
         data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=IGNORE_INDEX),
     )
     os.makedirs(training_args.logging_dir, exist_ok=True)  # VisualDL's writer threads race to create it
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
-    if trainer.eval_dataset is not None:
-        trainer.log(trainer.evaluate())
+    with output_dir_claimed(training_args.output_dir):
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        trainer.save_model(training_args.output_dir)
+        if trainer.eval_dataset is not None:
+            trainer.log(trainer.evaluate())
     finish_distributed_run()
 
 

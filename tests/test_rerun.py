@@ -14,7 +14,8 @@ import pytest
 from paddlenlp.utils.log import logger
 
 from llm.alignment.ppo.checkpoint_utils import last_complete_checkpoint, resolve_resume_checkpoint, rotate_checkpoints
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, SFT_CONFIG, train_reward_model
+from llm import run_finetune
 from test_grpo_e2e import run_grpo, weights
 
 # Small runs: a checkpoint every step, no evaluation, a learning rate that does not depend on max_steps.
@@ -132,6 +133,32 @@ def test_a_rerun_while_the_first_run_still_runs_stops_before_touching_its_output
     run_grpo(tiny_world, tmp_path, **QUICK, max_steps=2)
     assert folders(tmp_path) == ["checkpoint-1", "checkpoint-2"] and ".run.lock" not in os.listdir(tmp_path)
     start_claiming_run(tmp_path).kill()
+
+
+def sft_run(world, output_dir):
+    run_finetune.main([
+        SFT_CONFIG, "--model_name_or_path", world["random_model"], "--dataset_name_or_path", os.path.dirname(world["sft_train"]),
+        "--output_dir", str(output_dir), "--logging_dir", str(output_dir / "vdl"), "--max_steps", "1",
+    ])
+
+
+@pytest.mark.parametrize(
+    "run", [
+        pytest.param(lambda world, output_dir: train_reward_model(world, str(output_dir), max_steps=1), id="reward-model"),
+        pytest.param(sft_run, id="sft"),
+    ],
+)
+def test_reward_model_and_sft_runs_stop_in_an_output_dir_another_run_holds(tiny_world, tmp_path, run):
+    first = start_claiming_run(tmp_path)
+    try:
+        with pytest.raises(RuntimeError, match=rf"output_dir {tmp_path} is in use by another run \(pid {first.pid} on "):
+            run(tiny_world, tmp_path)
+        assert not any(name.startswith(("checkpoint-", "model_state")) for name in os.listdir(tmp_path))
+    finally:
+        first.kill()
+        first.wait()
+    run(tiny_world, tmp_path)
+    assert ".run.lock" not in os.listdir(tmp_path)
 
 
 def test_resume_from_checkpoint_true_without_a_checkpoint_names_the_output_dir(tiny_world, tmp_path):

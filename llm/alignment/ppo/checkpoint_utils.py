@@ -99,6 +99,16 @@ def release_output_dir(output_dir):
 
 
 @contextlib.contextmanager
+def output_dir_claimed(output_dir):
+    """Hold `output_dir` (claim_output_dir) inside the block, and release it after."""
+    claim_output_dir(output_dir)
+    try:
+        yield
+    finally:
+        release_output_dir(output_dir)
+
+
+@contextlib.contextmanager
 def atomic_directory(path):
     """Every rank calls this and writes its files into the yielded temp folder beside `path`; once all have
     written, rank 0 puts the folder in place of `path` in one rename. A crash before that leaves only the

@@ -33,7 +33,7 @@ from llm.alignment.ppo.algos.reward_shaping import groups_with_reward_variance, 
 from llm.alignment.ppo.algos.schedules import build_lr_scheduler
 from llm.alignment.ppo.algos.token_stats import position_ids_from_mask
 from llm.alignment.ppo import checkpoint_io
-from llm.alignment.ppo.checkpoint_utils import barrier, claim_output_dir, release_output_dir
+from llm.alignment.ppo.checkpoint_utils import barrier, output_dir_claimed
 from llm.alignment.ppo.comm_utils import (
     all_reduce_scalars,
     data_parallel_rank_and_size,
@@ -206,11 +206,8 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
     # ---- the loop -----------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint=None):
-        claim_output_dir(self.args.output_dir)  # build_trainer claimed it already, before picking a checkpoint
-        try:
+        with output_dir_claimed(self.args.output_dir):  # build_trainer claimed it already, before picking a checkpoint
             self.train_in_output_dir(resume_from_checkpoint)
-        finally:
-            release_output_dir(self.args.output_dir)
 
     def train_in_output_dir(self, resume_from_checkpoint):
         args = self.args

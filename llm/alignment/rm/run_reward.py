@@ -30,6 +30,7 @@ from llm.alignment.ppo.arguments import (
     refuse_tensor_parallel,
     runs_on_accelerator,
 )
+from llm.alignment.ppo.checkpoint_utils import output_dir_claimed
 from llm.alignment.ppo.comm_utils import finish_distributed_run
 from llm.alignment.ppo.data import PreferenceCollator, PreferenceDataset
 from llm.alignment.ppo.models.loading import load_score_model, load_tokenizer
@@ -116,12 +117,13 @@ def build_trainer(argv):
 def main(argv):
     trainer = build_trainer(argv)
     os.makedirs(trainer.args.logging_dir, exist_ok=True)  # VisualDL's writer threads race to create it
-    trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
-    trainer.save_model(trainer.args.output_dir)
-    if trainer.eval_dataset is not None:
-        metrics = trainer.evaluate()
-        if trainer.is_world_process_zero():
-            trainer.save_metrics("eval", metrics)
+    with output_dir_claimed(trainer.args.output_dir):
+        trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
+        trainer.save_model(trainer.args.output_dir)
+        if trainer.eval_dataset is not None:
+            metrics = trainer.evaluate()
+            if trainer.is_world_process_zero():
+                trainer.save_metrics("eval", metrics)
     finish_distributed_run()
 
 

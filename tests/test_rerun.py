@@ -2,6 +2,7 @@
 it resumes, a finished run is left as it is, overwrite_output_dir starts afresh, rotation keeps the
 checkpoint just written."""
 
+import contextlib
 import hashlib
 import os
 import re
@@ -13,9 +14,9 @@ import numpy as np
 import pytest
 from paddlenlp.utils.log import logger
 
-from llm.alignment.ppo.checkpoint_utils import last_complete_checkpoint, resolve_resume_checkpoint, rotate_checkpoints
 from helpers import REPO_ROOT, SFT_CONFIG, train_reward_model
 from llm import run_finetune
+from llm.alignment.ppo.checkpoint_utils import last_complete_checkpoint, resolve_resume_checkpoint, rotate_checkpoints
 from test_grpo_e2e import run_grpo, weights
 
 # Small runs: a checkpoint every step, no evaluation, a learning rate that does not depend on max_steps.
@@ -111,28 +112,33 @@ time.sleep(600)
 """
 
 
-def start_claiming_run(output_dir):
+@contextlib.contextmanager
+def another_run_holding(output_dir):
+    """Inside the block another process holds `output_dir` (it fails the test if it cannot); it is killed after."""
     run = subprocess.Popen([sys.executable, "-c", CLAIMING_RUN, str(output_dir)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
-    assert run.stdout.readline().strip() == "claimed"
-    return run
+    try:
+        assert run.stdout.readline().strip() == "claimed"
+        yield run
+    finally:
+        run.kill()
+        run.wait()
+        run.stdout.close()
 
 
 def test_a_rerun_while_the_first_run_still_runs_stops_before_touching_its_output_dir(tiny_world, tmp_path):
     run_grpo(tiny_world, tmp_path, **QUICK, max_steps=1)
-    first = start_claiming_run(tmp_path)  # the first run's processes, still running (e.g. after its launcher was killed)
-    try:
+    # The first run's processes, still running (e.g. after its launcher was killed).
+    with another_run_holding(tmp_path) as first:
         before = snapshot(tmp_path)
         # Even a rerun that would start afresh (removing the checkpoints) stops first, naming the other run.
         with pytest.raises(RuntimeError, match=rf"output_dir {tmp_path} is in use by another run \(pid {first.pid} on "):
             run_grpo(tiny_world, tmp_path, **QUICK, max_steps=2, overwrite_output_dir=True)
         assert snapshot(tmp_path) == before
-    finally:
-        first.kill()
-        first.wait()
     # Killed, the first run holds nothing: the rerun resumes, and once it has ended another run may start.
     run_grpo(tiny_world, tmp_path, **QUICK, max_steps=2)
     assert folders(tmp_path) == ["checkpoint-1", "checkpoint-2"] and ".run.lock" not in os.listdir(tmp_path)
-    start_claiming_run(tmp_path).kill()
+    with another_run_holding(tmp_path):
+        pass
 
 
 def sft_run(world, output_dir):
@@ -149,14 +155,10 @@ def sft_run(world, output_dir):
     ],
 )
 def test_reward_model_and_sft_runs_stop_in_an_output_dir_another_run_holds(tiny_world, tmp_path, run):
-    first = start_claiming_run(tmp_path)
-    try:
+    with another_run_holding(tmp_path) as first:
         with pytest.raises(RuntimeError, match=rf"output_dir {tmp_path} is in use by another run \(pid {first.pid} on "):
             run(tiny_world, tmp_path)
         assert not any(name.startswith(("checkpoint-", "model_state")) for name in os.listdir(tmp_path))
-    finally:
-        first.kill()
-        first.wait()
     run(tiny_world, tmp_path)
     assert ".run.lock" not in os.listdir(tmp_path)
 

@@ -21,7 +21,7 @@ setup(
     packages=find_packages(include=["llm", "llm.*"]),
     python_requires=">=3.9",
     install_requires=requirements("requirements.txt"),
-    extras_require={"test": ["pytest>=7"]},
+    extras_require={"test": ["pytest==9.2.0"]},
     entry_points={
         "console_scripts": [
             "paddle-alignment-demo=llm.tools.tiny_demo:main",

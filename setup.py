@@ -18,14 +18,11 @@ setup(
     description="Align large language models with reinforcement learning on PaddlePaddle",
     long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read() if os.path.exists(os.path.join(HERE, "README.md")) else "",
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["llm", "llm.*"]),
+    # Only the shared core is installed, under this project's own name: the top-level name `llm` belongs to
+    # a popular PyPI package. The entry scripts under llm/ run from the repository, as PaddleNLP's do.
+    package_dir={"paddle_alignment": "llm/paddle_alignment"},
+    packages=["paddle_alignment"] + [f"paddle_alignment.{name}" for name in find_packages("llm/paddle_alignment")],
     python_requires=">=3.9",
     install_requires=requirements("requirements.txt"),
     extras_require={"test": ["pytest==9.2.0"]},
-    entry_points={
-        "console_scripts": [
-            "paddle-alignment-demo=llm.tools.tiny_demo:main",
-            "paddle-alignment-reward-server=llm.alignment.ppo.reward_server:main",
-        ]
-    },
 )

@@ -26,16 +26,16 @@ import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from llm.cpu_runtime import configure_cpu_runtime, describe  # noqa: E402
+from paddle_alignment.cpu_runtime import configure_cpu_runtime, describe  # noqa: E402
 
 configure_cpu_runtime()  # before paddle loads
 
 import paddle  # noqa: E402
 import paddle.nn.functional as F  # noqa: E402
 
-from llm.alignment.ppo.algos.token_stats import entropy_from_logits, gather_logprobs, tempered_logits  # noqa: E402
-from llm.alignment.ppo.models import fused_kernels  # noqa: E402
-from llm.alignment.ppo.models.fused_kernels import (  # noqa: E402
+from paddle_alignment.algos.token_stats import entropy_from_logits, gather_logprobs, tempered_logits  # noqa: E402
+from paddle_alignment.models import fused_kernels  # noqa: E402
+from paddle_alignment.models.fused_kernels import (  # noqa: E402
     fused_ops,
     rms_norm_reference,
     rotary_reference,

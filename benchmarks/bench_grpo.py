@@ -10,7 +10,7 @@ config's. The model is the demo's SFT checkpoint (tiny_demo/checkpoints/sft, mad
 tiny Qwen2 of the same shape (its responses run to max_dec_len, so it is slower). The reward is the
 in-process rule reward, so no HTTP time is counted.
 
-Prints the model used, the CPU settings (see llm/cpu_runtime.py), the seconds per step split into
+Prints the model used, the CPU settings (see llm/paddle_alignment/cpu_runtime.py), the seconds per step split into
 rollout (sampling + rule reward), reference (reference and old log-prob passes, no gradient), values
 (critic pass, PPO only), update (forward, backward and optimizer step of every micro-batch) and other
 (advantages, metrics), then completions_per_s=<n> as the last line.
@@ -29,7 +29,7 @@ from collections import defaultdict
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from llm.cpu_runtime import configure_cpu_runtime, describe  # noqa: E402
+from paddle_alignment.cpu_runtime import configure_cpu_runtime, describe  # noqa: E402
 
 configure_cpu_runtime()  # before paddle loads
 

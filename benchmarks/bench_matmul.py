@@ -3,7 +3,7 @@
     python benchmarks/bench_matmul.py [--seconds 0.3]
 
 Shapes M x K x N: the tiny demo's MLP over one micro-batch (64 x 24 tokens) and at a decode step (64 rows),
-the 47M model's at a decode step, and a large square product. The CPU settings of llm/cpu_runtime.py are
+the 47M model's at a decode step, and a large square product. The CPU settings of llm/paddle_alignment/cpu_runtime.py are
 applied first (PADDLE_ALIGNMENT_CPU_RUNTIME=off measures Paddle's defaults). Each shape: best of 5 timings
 of repeated products. Last line: gflops_geomean=<n>, the geometric mean over the shapes.
 """
@@ -16,7 +16,7 @@ import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from llm.cpu_runtime import configure_cpu_runtime, describe  # noqa: E402
+from paddle_alignment.cpu_runtime import configure_cpu_runtime, describe  # noqa: E402
 
 configure_cpu_runtime()  # before paddle loads
 

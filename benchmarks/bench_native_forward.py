@@ -18,17 +18,17 @@ import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from llm.cpu_runtime import configure_cpu_runtime, describe  # noqa: E402
+from paddle_alignment.cpu_runtime import configure_cpu_runtime, describe  # noqa: E402
 
 configure_cpu_runtime()  # before paddle loads
 
 import paddle  # noqa: E402
 from paddlenlp.transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from llm.alignment.ppo.algos.token_stats import position_ids_from_mask  # noqa: E402
-from llm.alignment.ppo.models.fused_kernels import use_fused_kernels  # noqa: E402
-from llm.alignment.ppo.models.native_forward import SWITCH, NativeDecoder, native_ops  # noqa: E402
-from llm.alignment.ppo.models.static_cache_decoder import StaticCacheDecoder  # noqa: E402
+from paddle_alignment.algos.token_stats import position_ids_from_mask  # noqa: E402
+from paddle_alignment.models.fused_kernels import use_fused_kernels  # noqa: E402
+from paddle_alignment.models.native_forward import SWITCH, NativeDecoder, native_ops  # noqa: E402
+from paddle_alignment.models.static_cache_decoder import StaticCacheDecoder  # noqa: E402
 
 ROWS, PROMPT, RESPONSE, VOCAB = 64, 6, 8, 260
 

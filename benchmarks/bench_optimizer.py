@@ -1,5 +1,5 @@
 """One optimizer step (global-norm clip + AdamW) of a tiny Qwen2 on the CPU: Paddle's classes against the
-fused ones of llm/alignment/ppo/fused_optimizer.py, in ms per step.
+fused ones of llm/paddle_alignment/fused_optimizer.py, in ms per step.
 
     python benchmarks/bench_optimizer.py [--hidden_size 128] [--layers 4] [--rounds 3] [--steps 100]
 
@@ -16,14 +16,14 @@ import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from llm.cpu_runtime import configure_cpu_runtime, describe  # noqa: E402
+from paddle_alignment.cpu_runtime import configure_cpu_runtime, describe  # noqa: E402
 
 configure_cpu_runtime()  # before paddle loads
 
 import paddle  # noqa: E402
 from paddlenlp.transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from llm.alignment.ppo.fused_optimizer import (  # noqa: E402
+from paddle_alignment.fused_optimizer import (  # noqa: E402
     FusedAdamW,
     FusedClipGradByGlobalNorm,
     decay_filter,

@@ -9,7 +9,7 @@ randomly initialised Qwen2 models with the demo's byte tokenizer: the tiny confi
 128, ~1M parameters) and a ~50M-parameter config (12 layers, hidden 512). One warm-up run each, then
 the best of --repeats. One line per config, printed as soon as it is measured (the 50M config takes
 minutes); paddlenlp's info logs are silenced. Last line: speedup_vs_generate=<ratio> for the tiny config.
-The CPU settings of llm/cpu_runtime.py are applied first.
+The CPU settings of llm/paddle_alignment/cpu_runtime.py are applied first.
 """
 
 import argparse
@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from llm.cpu_runtime import configure_cpu_runtime, describe  # noqa: E402
+from paddle_alignment.cpu_runtime import configure_cpu_runtime, describe  # noqa: E402
 
 configure_cpu_runtime()  # before paddle loads
 
@@ -28,7 +28,7 @@ import paddle  # noqa: E402
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from paddlenlp.utils.log import logger  # noqa: E402
 
-from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts, rollout_ops  # noqa: E402
+from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts, rollout_ops  # noqa: E402
 from llm.tools.build_tiny_model import build_tiny_model  # noqa: E402
 from llm.tools.build_tokenizer import build_tokenizer  # noqa: E402
 

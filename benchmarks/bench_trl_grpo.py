@@ -92,7 +92,7 @@ COUNTERS = Counters()
 
 
 def arith_reward(completions, tgt, completion_ids, **kwargs):
-    """The project's `arith` rule (llm/alignment/ppo/rewards/arith.py): 1.0 when the completion is exactly the
+    """The project's `arith` rule (llm/paddle_alignment/rewards/arith.py): 1.0 when the completion is exactly the
     expected integer (surrounding spaces allowed), else 0.0."""
     COUNTERS.add("completions", len(completions))
     COUNTERS.add("completions_not_8_tokens", sum(len(ids) != NEW_TOKENS for ids in completion_ids))

@@ -4,7 +4,7 @@
 
 `dataset_name_or_path` is a folder with train.json (and optionally dev.json), one {"src", "tgt"} object
 per line, as in PaddleNLP. The loss covers the target tokens and EOS only. The model and tokenizer are
-saved to `output_dir`. On CPU, AdamW steps every parameter in one fused op (llm/alignment/ppo/fused_optimizer.py).
+saved to `output_dir`. On CPU, AdamW steps every parameter in one fused op (llm/paddle_alignment/fused_optimizer.py).
 """
 
 import os
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 if not __package__:  # run as a script path: make the repository root importable
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from llm.cpu_runtime import configure_cpu_runtime
+from paddle_alignment.cpu_runtime import configure_cpu_runtime
 
 configure_cpu_runtime()  # MKL's code path and threads for this CPU, before paddle loads
 
@@ -22,16 +22,16 @@ import paddle
 from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import Trainer, TrainingArguments, set_seed
 
-from llm.alignment.ppo.arguments import parse_arguments, refuse_tensor_parallel
-from llm.alignment.ppo.checkpoint_utils import output_dir_claimed
-from llm.alignment.ppo.comm_utils import finish_distributed_run
-from llm.alignment.ppo.data import IGNORE_INDEX, SupervisedDataset
-from llm.alignment.ppo.fused_optimizer import FusedOptimizerMixin
-from llm.alignment.ppo.models.loading import load_causal_lm, load_tokenizer
+from paddle_alignment.config.arguments import parse_arguments, refuse_tensor_parallel
+from paddle_alignment.checkpoints.folders import output_dir_claimed
+from paddle_alignment.distributed import finish_distributed_run
+from paddle_alignment.data import IGNORE_INDEX, SupervisedDataset
+from paddle_alignment.fused_optimizer import FusedOptimizerMixin
+from paddle_alignment.models.loading import load_causal_lm, load_tokenizer
 
 
 class FinetuneTrainer(FusedOptimizerMixin, Trainer):
-    """paddlenlp's Trainer, with the fused CPU AdamW (llm/alignment/ppo/fused_optimizer.py)."""
+    """paddlenlp's Trainer, with the fused CPU AdamW (llm/paddle_alignment/fused_optimizer.py)."""
 
 
 @dataclass

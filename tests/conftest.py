@@ -1,4 +1,4 @@
-from llm.cpu_runtime import configure_cpu_runtime
+from paddle_alignment.cpu_runtime import configure_cpu_runtime
 
 configure_cpu_runtime()  # MKL's code path and threads for this CPU, before helpers import paddle
 

@@ -6,9 +6,9 @@ import numpy as np
 import paddle
 import pytest
 
-from llm.alignment.ppo.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, LR_SCHEDULES, POLICY_LOSSES
-from llm.alignment.ppo.algos.schedules import build_lr_scheduler
-from llm.alignment.ppo.algos.token_stats import entropy_from_logits, gather_logprobs
+from paddle_alignment.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, LR_SCHEDULES, POLICY_LOSSES
+from paddle_alignment.algos.schedules import build_lr_scheduler
+from paddle_alignment.algos.token_stats import entropy_from_logits, gather_logprobs
 
 
 def t(values, dtype="float32"):
@@ -181,7 +181,7 @@ def test_gspo_uses_one_clipped_ratio_per_sequence():
 
 
 def test_call_with_options_passes_only_named_settings():
-    from llm.alignment.ppo.algos.registry import call_with_options
+    from paddle_alignment.algos.registry import call_with_options
 
     rewards, mask, groups = t([1.0, 3.0]), paddle.ones([2, 1]), t([0, 0], "int64")
     grpo = call_with_options(ADVANTAGE_ESTIMATORS.get("grpo"), rewards, mask, groups, norm_adv_by_std=False)
@@ -191,7 +191,7 @@ def test_call_with_options_passes_only_named_settings():
 
 
 def test_discounted_returns_match_a_numpy_loop():
-    from llm.alignment.ppo.algos.advantages import discounted_returns
+    from paddle_alignment.algos.advantages import discounted_returns
 
     rng = np.random.default_rng(5)
     rewards = rng.normal(size=(3, 5)).astype("float32")
@@ -219,7 +219,7 @@ def test_reinforce_plus_plus_by_hand():
 
 
 def test_overlong_penalty_by_hand():
-    from llm.alignment.ppo.algos.reward_shaping import overlong_penalty
+    from paddle_alignment.algos.reward_shaping import overlong_penalty
 
     # max_dec_len 10, buffer 4: free up to 6 tokens, then -0.25 per token down to -1 at 10.
     lengths = t([3.0, 6.0, 7.0, 9.0, 10.0])

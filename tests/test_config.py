@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from llm.alignment.ppo.arguments import ARGUMENT_CLASSES, check_parallel_degrees, parse_arguments
+from paddle_alignment.config.arguments import ARGUMENT_CLASSES, check_parallel_degrees, parse_arguments
 from llm.alignment.rm.run_reward import ARGUMENT_CLASSES as REWARD_ARGUMENTS
 from llm.run_finetune import ARGUMENT_CLASSES as FINETUNE_ARGUMENTS
 

@@ -1,4 +1,4 @@
-"""llm/cpu_runtime.py: MKL's AVX2 path on AMD CPUs, MKL's threads and malloc's thresholds, set before paddle loads, never over the
+"""llm/paddle_alignment/cpu_runtime.py: MKL's AVX2 path on AMD CPUs, MKL's threads and malloc's thresholds, set before paddle loads, never over the
 user's own settings; and every entry point applies them before it imports paddle."""
 
 import ast
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from llm.cpu_runtime import (
+from paddle_alignment.cpu_runtime import (
     MARKER,
     configure_cpu_runtime,
     cpu_vendor_and_flags,
@@ -44,7 +44,7 @@ ENTRY_POINTS = [
     "tests/probes/grpo_first_step.py",
     "tests/probes/tp_rollout.py",
     "tests/probes/whiten_over_ranks.py",
-    "llm/alignment/ppo/rollout/sampler.py",
+    "llm/paddle_alignment/rollout/sampler.py",
 ]
 
 
@@ -106,7 +106,7 @@ def test_a_second_call_after_paddle_loaded_keeps_the_threads():
     (which configures again) keeps MKL's threads: paddle's value is not the user's."""
     env = {k: v for k, v in os.environ.items() if k not in ("MKL_NUM_THREADS", "OMP_NUM_THREADS", MARKER)}
     code = (
-        "import os\nfrom llm.cpu_runtime import configure_cpu_runtime\nfirst = configure_cpu_runtime()\n"
+        "import os\nfrom paddle_alignment.cpu_runtime import configure_cpu_runtime\nfirst = configure_cpu_runtime()\n"
         "import paddle\nassert os.environ['OMP_NUM_THREADS'] == '1'\nassert configure_cpu_runtime() == first\n"
         "print(os.environ.get('MKL_NUM_THREADS'))"
     )
@@ -129,7 +129,7 @@ def imports_paddle(node):
         names = [alias.name for alias in node.names]
     elif isinstance(node, ast.ImportFrom) and node.level == 0:
         names = [node.module]
-        if node.module.startswith("llm") and node.module != "llm.cpu_runtime":
+        if node.module.startswith("llm") and node.module != "paddle_alignment.cpu_runtime":
             return True  # llm's modules import paddle
     else:
         return False
@@ -165,7 +165,7 @@ def test_a_fresh_process_gets_the_settings():
 def test_openmp_workers_sleep_at_once_and_a_process_can_run_at_idle_priority():
     script = (
         "import ctypes, glob, os, paddle\n"
-        "from llm.cpu_runtime import openmp_workers_sleep_when_idle, run_at_idle_priority\n"
+        "from paddle_alignment.cpu_runtime import openmp_workers_sleep_when_idle, run_at_idle_priority\n"
         "iomp = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(paddle.__file__), 'libs', 'libiomp5*.so*'))[0])\n"
         "before = iomp.kmp_get_blocktime()\n"
         "assert openmp_workers_sleep_when_idle()\n"
@@ -179,7 +179,7 @@ def test_openmp_workers_sleep_at_once_and_a_process_can_run_at_idle_priority():
 
 MALLOC_PROBE = """
 import ctypes, os
-from llm.cpu_runtime import configure_cpu_runtime
+from paddle_alignment.cpu_runtime import configure_cpu_runtime
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in

@@ -1,4 +1,4 @@
-"""The dataset registry (llm/alignment/ppo/data): spec parsing, proportion mixing, the built-in raw datasets
+"""The dataset registry (llm/paddle_alignment/data): spec parsing, proportion mixing, the built-in raw datasets
 read from local copies, local json/jsonl/parquet files, and the tokenized datasets built from them.
 
 The tokenizer is the project's byte-level one, so expected token ids are written by hand: an ASCII
@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from paddlenlp.transformers import AutoTokenizer
 
-from llm.alignment.ppo.data import (
+from paddle_alignment.data import (
     IGNORE_INDEX,
     RAW_DATASETS,
     PreferenceCollator,
@@ -26,12 +26,12 @@ from llm.alignment.ppo.data import (
     SafetyPreferenceDataset,
     SupervisedDataset,
 )
-from llm.alignment.ppo.data import raw as raw_module
-from llm.alignment.ppo.data.builtin import JsonFileDataset
-from llm.alignment.ppo.data.datasets import encode_completion, format_prompt, mixed_indices
-from llm.alignment.ppo.data.raw import DatasetSpec, load_raw_dataset, parse_dataset_specs
+from paddle_alignment.data import raw as raw_module
+from paddle_alignment.data.builtin import JsonFileDataset
+from paddle_alignment.data.datasets import encode_completion, format_prompt, mixed_indices
+from paddle_alignment.data.raw import DatasetSpec, load_raw_dataset, parse_dataset_specs
 from llm.tools.build_tokenizer import build_tokenizer
-from llm.tools.chat_format import chat_prompt
+from paddle_alignment.data.chat_format import chat_prompt
 
 PAD, IM_START, EOS = 256, 257, 258
 

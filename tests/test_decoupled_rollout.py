@@ -17,10 +17,11 @@ import pytest
 from safetensors.numpy import load_file
 
 from helpers import built_paddlenlp_ops, launch_two_processes, running_reward_server
-from llm.alignment.ppo import checkpoint_io, run_ppo
-from llm.alignment.ppo.infer_utils import ROLLOUT_OPS
-from llm.alignment.ppo.rollout import ColocatedRollout, weights
-from llm.alignment.ppo.rollout.decoupled import process_alive
+from llm.alignment.ppo import run_ppo
+from paddle_alignment.checkpoints import saving as checkpoint_io
+from paddle_alignment.rollout.decode import ROLLOUT_OPS
+from paddle_alignment.rollout import ColocatedRollout, weights
+from paddle_alignment.rollout.decoupled import process_alive
 from test_grpo_e2e import REPO_ROOT, TINY_CONFIG, overrides, run_grpo
 from test_grpo_e2e import weights as model_weights
 
@@ -68,7 +69,7 @@ class StaleRollout(ColocatedRollout):
         super().sample_next()
         exp = self.ready[-1].exp
         exp.scores = paddle.to_tensor([1.0, 0.0] * (len(exp) // 2), dtype="float32")
-        current = self.trainer.compute_logprobs(self.trainer.model, exp)
+        current = self.worker.compute_logprobs(self.worker.policy, exp)
         shift = paddle.where(exp.scores > 0, paddle.full_like(exp.scores, -np.log(2.0)), paddle.full_like(exp.scores, np.log(2.0)))
         exp.old_logprobs = current + shift.unsqueeze(-1)
 
@@ -76,7 +77,7 @@ class StaleRollout(ColocatedRollout):
 def test_the_ratio_uses_the_behaviour_log_probs_a_stale_batch_brings(tiny_world, tmp_path):
     argv = overrides(tiny_world, str(tmp_path), max_steps=1, per_device_train_batch_size=16, kl_loss_coeff=0.0, eval_datasets="")
     trainer = run_ppo.build_trainer([TINY_CONFIG, *argv])
-    trainer.rollout = StaleRollout(trainer)
+    trainer.rollout = StaleRollout(trainer.rollout_worker)
     trainer.prepare_training()
     batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.generation_batch_size)
     exp, metrics = trainer.rl_step(batches)
@@ -95,8 +96,9 @@ def test_the_sampler_records_the_behaviour_log_probs_a_forward_pass_gives(tiny_w
     built_paddlenlp_ops(ROLLOUT_OPS)  # the fast decode loop records them as it samples
     argv = overrides(tiny_world, str(tmp_path), temperature=0.7, eval_datasets="", max_dec_len=6, min_dec_len=3)
     trainer = run_ppo.build_trainer([TINY_CONFIG, *argv])
-    exp, _ = trainer.sample([trainer.train_dataset[i] for i in range(4)], seed=3, behaviour_logprobs=True)
-    forward = trainer.compute_logprobs(trainer.model, exp).numpy()  # softmax(logits / 0.7), as the loss has it
+    worker = trainer.rollout_worker
+    exp, _ = worker.generate_sequences([trainer.train_dataset[i] for i in range(4)], seed=3, behaviour_logprobs=True)
+    forward = worker.compute_logprobs(trainer.model, exp).numpy()  # softmax(logits / 0.7), as the loss has it
     mask = exp.response_mask.numpy()
     assert mask.sum() > 16
     np.testing.assert_allclose(exp.old_logprobs.numpy() * mask, forward * mask, rtol=1e-5, atol=1e-5)

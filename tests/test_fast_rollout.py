@@ -10,9 +10,10 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from llm.alignment.ppo import custom_ops, infer_utils
-from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
-from llm.alignment.ppo.models.native_forward import SWITCH as NATIVE_SWITCH
+from paddle_alignment import custom_ops
+from paddle_alignment.rollout import decode as infer_utils
+from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
+from paddle_alignment.models.native_forward import SWITCH as NATIVE_SWITCH
 from test_rollout_ops import ops  # noqa: F401  (the fixture: paddlenlp_ops, required in CI)
 
 

@@ -14,14 +14,14 @@ from paddlenlp.transformers.llama import modeling as llama_modeling
 from paddlenlp.transformers.qwen2 import modeling as qwen2_modeling
 
 from helpers import built_paddlenlp_ops
-from llm.alignment.ppo.algos.token_stats import (
+from paddle_alignment.algos.token_stats import (
     entropy_from_logits,
     gather_logprobs,
     position_ids_from_mask,
     tempered_logits,
 )
-from llm.alignment.ppo.models import fused_kernels
-from llm.alignment.ppo.models.fused_kernels import (
+from paddle_alignment.models import fused_kernels
+from paddle_alignment.models.fused_kernels import (
     FUSED_OPS,
     rms_norm_reference,
     rotary_reference,

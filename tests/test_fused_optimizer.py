@@ -7,15 +7,15 @@ import paddle
 import pytest
 
 from helpers import built_paddlenlp_ops
-from llm.alignment.ppo import fused_optimizer
-from llm.alignment.ppo.fused_optimizer import (
+from paddle_alignment import fused_optimizer
+from paddle_alignment.fused_optimizer import (
     OPTIMIZER_OPS,
     FusedAdamW,
     FusedClipGradByGlobalNorm,
     build_adamw_classes,
     gradient_norm,
 )
-from llm.alignment.ppo.models.fused_kernels import SWITCH
+from paddle_alignment.models.fused_kernels import SWITCH
 
 # Float32 updates against Paddle's float32 kernel: a few units in the last place after several steps.
 TOLERANCE = dict(rtol=2e-6, atol=1e-7)
@@ -214,7 +214,7 @@ def test_the_switch_and_the_device_pick_paddles_classes(ops, monkeypatch):
 def test_the_trainers_build_the_fused_optimizer_on_cpu(ops, tmp_path):
     from paddlenlp.trainer import Trainer, TrainingArguments
 
-    from llm.alignment.ppo.fused_optimizer import FusedOptimizerMixin
+    from paddle_alignment.fused_optimizer import FusedOptimizerMixin
     from llm.alignment.ppo.ppo_trainer import PPOTrainer
     from llm.alignment.rm.reward_trainer import RewardTrainer
     from llm.run_finetune import FinetuneTrainer

@@ -11,10 +11,10 @@ from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import launch_two_processes, running_reward_server, small_run_argv
 from llm.alignment.ppo import run_ppo
-from llm.alignment.ppo.data import PromptOnlyDataset
-from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
-from llm.alignment.ppo.reward_client import RewardServerError
-from llm.alignment.ppo.rewards.arith import arith_reward
+from paddle_alignment.data import PromptOnlyDataset
+from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
+from paddle_alignment.rewards.client import RewardServerError
+from paddle_alignment.rewards.arith import arith_reward
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")

@@ -23,7 +23,7 @@ from paddle.distributed.fleet.meta_parallel.pipeline_parallel import FakeMicroDa
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from paddlenlp.utils.log import logger as paddlenlp_logger
 
-from llm.alignment.ppo.algos.token_stats import position_ids_from_mask
+from paddle_alignment.algos.token_stats import position_ids_from_mask
 from llm.alignment.ppo.models.model_pp import (
     LlamaPolicyPipe,
     LlamaValuePipe,
@@ -38,8 +38,8 @@ from llm.alignment.ppo.models.pp_model_utils import (
     policy_labels,
     split_pipeline_inputs,
 )
-from llm.alignment.ppo.models.ppo_model_utils import PolicyObjective, ValueObjective
-from llm.alignment.ppo.models.score_model import LlamaForScore, Qwen2ForScore
+from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective
+from paddle_alignment.models.score_model import LlamaForScore, Qwen2ForScore
 
 ARGS = SimpleNamespace(
     policy_loss="ppo_clip", kl_estimator="k3", loss_agg_mode="token-mean", kl_loss_coeff=0.1, entropy_coeff=0.01,

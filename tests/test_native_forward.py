@@ -1,7 +1,6 @@
 """The native no-gradient forward (csrc/decoder_ops.cc, models/native_forward.py) against paddlenlp's own
 Qwen2/Llama forward, in the log-prob pass and in the static-cache decode loop, and its fallbacks."""
 
-import contextlib
 import logging
 import os
 import subprocess
@@ -15,15 +14,15 @@ from paddlenlp.peft import LoRAConfig, LoRAModel
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from helpers import built_paddlenlp_ops
-from llm.alignment.ppo.algos.token_stats import gather_logprobs, position_ids_from_mask, tempered_logits
-from llm.alignment.ppo.experience import Experience
-from llm.alignment.ppo.models import native_forward
-from llm.alignment.ppo.models.fused_kernels import FUSED_OPS, token_logprobs_and_entropy
-from llm.alignment.ppo.models.fused_kernels import SWITCH as FUSED_SWITCH
-from llm.alignment.ppo.models.native_forward import NATIVE_OPS, NativeDecoder
-from llm.alignment.ppo.models.native_forward import SWITCH as NATIVE_SWITCH
-from llm.alignment.ppo.models.static_cache_decoder import StaticCacheDecoder
-from llm.alignment.ppo.ppo_trainer import PPOTrainer
+from paddle_alignment.algos.token_stats import gather_logprobs, position_ids_from_mask, tempered_logits
+from paddle_alignment.experience import Experience
+from paddle_alignment.models import native_forward
+from paddle_alignment.models.fused_kernels import FUSED_OPS, token_logprobs_and_entropy
+from paddle_alignment.models.fused_kernels import SWITCH as FUSED_SWITCH
+from paddle_alignment.models.native_forward import NATIVE_OPS, NativeDecoder
+from paddle_alignment.models.native_forward import SWITCH as NATIVE_SWITCH
+from paddle_alignment.models.static_cache_decoder import StaticCacheDecoder
+from paddle_alignment.rollout.worker import RolloutWorker
 
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 VOCAB = 97
@@ -129,14 +128,14 @@ def test_trainer_logprobs_match_the_eager_pass(ops, monkeypatch):
     input_ids, mask = padded_batch([5, 2, 3], 5, [4, 2, 1], 4)
     response_mask = mask[:, 5:].astype("float32")
     exp = Experience(input_ids, mask, response_mask, paddle.arange(3), paddle.ones([3], "bool"), [""] * 3, [""] * 3, [""] * 3)
-    objective = SimpleNamespace(token_logprobs=lambda logits, labels: token_logprobs_and_entropy(logits, labels, 0.7)[0])
-    # compute_logprobs reads only these of the trainer: two micro-batches of 2 and 1 rows.
-    trainer = SimpleNamespace(args=SimpleNamespace(per_device_logprob_batch_size=2), policy_objective=objective,
-                              autocast_smart_context_manager=contextlib.nullcontext)
+    # Two micro-batches of 2 and 1 rows, at temperature 0.7.
+    args = SimpleNamespace(per_device_logprob_batch_size=2, max_dec_len=4, min_dec_len=0, temperature=0.7, top_p=1.0,
+                           repetition_penalty=1.0, top_k=0)
+    worker = RolloutWorker(args, model, tokenizer=None, reward_scorer=None)
     assert NativeDecoder.for_model(model) is not None
-    native = PPOTrainer.compute_logprobs(trainer, model, exp)
+    native = worker.compute_logprobs(model, exp)
     monkeypatch.setenv(NATIVE_SWITCH, "off")
-    eager = PPOTrainer.compute_logprobs(trainer, model, exp)
+    eager = worker.compute_logprobs(model, exp)
     np.testing.assert_allclose(native.numpy(), eager.numpy(), **TOLERANCE)
 
 

@@ -8,7 +8,7 @@ import logging
 import paddle
 import pytest
 
-from llm.alignment.ppo.offload_utils import (
+from paddle_alignment.offload import (
     OFFLOAD_GROUPS,
     OffloadPlan,
     model_tensors,

@@ -11,7 +11,7 @@ from test_reward_server import protocol_only_app
 
 from helpers import paddlenlp_messages, running_reward_server, serving
 from llm.alignment.ppo import run_ppo
-from llm.alignment.ppo.arguments import parse_arguments
+from paddle_alignment.config.arguments import parse_arguments
 from llm.alignment.rm import run_reward
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paddlenlp_configs")

@@ -14,7 +14,7 @@ import pytest
 from paddlenlp.transformers import AutoModelForCausalLM
 
 from helpers import REPO_ROOT, launch_two_processes, paddlenlp_messages, run_probe, small_run_argv
-from llm.alignment.ppo.arguments import check_parallel_degrees
+from paddle_alignment.config.arguments import check_parallel_degrees
 
 PROBES = os.path.join(REPO_ROOT, "tests", "probes")
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")

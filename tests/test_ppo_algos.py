@@ -7,11 +7,11 @@ import numpy as np
 import paddle
 import pytest
 
-from llm.alignment.ppo.algos import ADVANTAGE_ESTIMATORS, PAIRWISE_LOSSES
-from llm.alignment.ppo.algos.losses import clipped_value_loss
-from llm.alignment.ppo.algos.metrics import explained_variance, rlhf_objective_metrics
-from llm.alignment.ppo.algos.reward_shaping import groups_with_reward_variance, missing_eos_penalty
-from llm.alignment.ppo.experience import Experience
+from paddle_alignment.algos import ADVANTAGE_ESTIMATORS, PAIRWISE_LOSSES
+from paddle_alignment.algos.losses import clipped_value_loss
+from paddle_alignment.algos.metrics import explained_variance, rlhf_objective_metrics
+from paddle_alignment.algos.reward_shaping import groups_with_reward_variance, missing_eos_penalty
+from paddle_alignment.experience import Experience
 
 
 def t(values, dtype="float32"):

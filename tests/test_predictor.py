@@ -11,9 +11,9 @@ import pytest
 from paddlenlp.transformers import AutoModelForCausalLM
 
 from helpers import REPO_ROOT
-from llm.alignment.ppo.data import PromptOnlyDataset
-from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
-from llm.alignment.ppo.models.loading import load_tokenizer
+from paddle_alignment.data import PromptOnlyDataset
+from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
+from paddle_alignment.models.loading import load_tokenizer
 from llm.predict import predictor
 
 GREEDY = ["--decode_strategy", "greedy_search", "--max_length", "12"]

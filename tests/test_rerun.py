@@ -16,7 +16,7 @@ from paddlenlp.utils.log import logger
 
 from helpers import REPO_ROOT, SFT_CONFIG, train_reward_model
 from llm import run_finetune
-from llm.alignment.ppo.checkpoint_utils import last_complete_checkpoint, resolve_resume_checkpoint, rotate_checkpoints
+from paddle_alignment.checkpoints.folders import last_complete_checkpoint, resolve_resume_checkpoint, rotate_checkpoints
 from test_grpo_e2e import run_grpo, weights
 
 # Small runs: a checkpoint every step, no evaluation, a learning rate that does not depend on max_steps.
@@ -105,7 +105,7 @@ def test_overwrite_output_dir_removes_the_old_checkpoints_and_starts_at_step_zer
 # Another run's process: it claims OUTPUT_DIR as run_ppo does, says so, and keeps running.
 CLAIMING_RUN = """
 import sys, time
-from llm.alignment.ppo.checkpoint_utils import claim_output_dir
+from paddle_alignment.checkpoints.folders import claim_output_dir
 claim_output_dir(sys.argv[1])
 print("claimed", flush=True)
 time.sleep(600)

@@ -9,9 +9,9 @@ import pytest
 from paddlenlp.transformers import AutoTokenizer
 
 from helpers import RM_CONFIG, train_reward_model
-from llm.alignment.ppo.experience import Experience
-from llm.alignment.ppo.models.score_model import AutoModelForScore
-from llm.alignment.ppo.rewards.scoring import RewardModelScorer
+from paddle_alignment.experience import Experience
+from paddle_alignment.models.score_model import AutoModelForScore
+from paddle_alignment.rewards.scoring import RewardModelScorer
 from llm.alignment.rm import run_reward
 
 @pytest.fixture(scope="module")

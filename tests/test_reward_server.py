@@ -14,13 +14,13 @@ import requests
 
 from flask import Flask, jsonify, request
 
-from llm.alignment.ppo import reward_client
-from llm.alignment.ppo.reward_client import RewardServerClient, RewardServerError
+from paddle_alignment.rewards import client as reward_client
+from paddle_alignment.rewards.client import RewardServerClient, RewardServerError
 from helpers import REPO_ROOT, running_reward_server, serving, serving_in_production, small_run_argv
 from llm.alignment.ppo import run_ppo
 from llm.alignment.ppo.reward_server import API_KEY_ENV, create_app
-from llm.alignment.ppo.rewards import REWARD_TASKS, RewardTask, get_reward_task
-from llm.alignment.ppo.rewards.scoring import ServerRewardScorer, build_reward_scorer
+from paddle_alignment.rewards import REWARD_TASKS, RewardTask, get_reward_task
+from paddle_alignment.rewards.scoring import ServerRewardScorer, build_reward_scorer
 
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
 

@@ -9,12 +9,13 @@ import pytest
 from test_config import parse
 
 from helpers import REPO_ROOT, paddlenlp_messages as paddlenlp_warnings, small_run_argv
-from llm.alignment.ppo import ppo_trainer, run_ppo
-from llm.alignment.ppo.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
-from llm.alignment.ppo.algos.losses import LossScale
-from llm.alignment.ppo.algos.registry import Registry
-from llm.alignment.ppo.algos.reward_shaping import shape_rewards
-from llm.alignment.ppo.models.ppo_model_utils import PolicyObjective
+from llm.alignment.ppo import run_ppo
+from paddle_alignment.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+from paddle_alignment.algos.losses import LossScale
+from paddle_alignment.algos.registry import Registry
+from paddle_alignment.algos.reward_shaping import shape_rewards
+from paddle_alignment.models.ppo_model_utils import PolicyObjective, response_labels, response_logits
+from paddle_alignment.rollout.decode import generate_rollouts
 
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
 
@@ -53,12 +54,12 @@ def test_trainer_logprobs_use_the_sampling_temperature(tiny_world, tmp_path):
         [TINY_CONFIG, *small_run_argv(tiny_world, str(tmp_path), use_rm_server="false", use_rule_reward="true", temperature=0.7)]
     )
     batch = [trainer.train_dataset[i] for i in range(2)]
-    exp = ppo_trainer.generate_rollouts(trainer.model, trainer.tokenizer, batch, 2, trainer.sampling)
-    old = trainer.compute_logprobs(trainer.model, exp).numpy()  # the path of old and reference log-probs
+    exp = generate_rollouts(trainer.model, trainer.tokenizer, batch, 2, trainer.rollout_worker.sampling)
+    old = trainer.rollout_worker.compute_logprobs(trainer.model, exp).numpy()  # the path of old and reference log-probs
     with paddle.no_grad():
-        logits = ppo_trainer.response_logits(trainer.model, exp).astype("float32").numpy() / 0.7
+        logits = response_logits(trainer.model, exp).astype("float32").numpy() / 0.7
     log_softmax = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
-    expected = np.take_along_axis(log_softmax, ppo_trainer.response_labels(exp).numpy()[..., None], axis=-1)[..., 0]
+    expected = np.take_along_axis(log_softmax, response_labels(exp).numpy()[..., None], axis=-1)[..., 0]
     np.testing.assert_allclose(old, expected, rtol=1e-5, atol=1e-5)
 
 

@@ -5,14 +5,14 @@ import paddle
 import pytest
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from llm.alignment.ppo.algos.token_stats import end_positions
-from llm.alignment.ppo.models.score_model import (
+from paddle_alignment.algos.token_stats import end_positions
+from paddle_alignment.models.score_model import (
     SCORE_CONFIG_DEFAULTS,
     AutoModelForScore,
     LlamaForScore,
     Qwen2ForScore,
 )
-from llm.alignment.ppo.models.score_model_utils import (
+from paddle_alignment.models.score_model_utils import (
     ExponentialMovingAverage,
     IdentityNormalizer,
     RunningMeanStd,

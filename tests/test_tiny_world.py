@@ -9,9 +9,9 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
-from llm.alignment.ppo.data import PromptOnlyDataset, SupervisedDataset
-from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts, response_mask_from_tokens
-from llm.tools.chat_format import chat_prompt
+from paddle_alignment.data import PromptOnlyDataset, SupervisedDataset
+from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts, response_mask_from_tokens
+from paddle_alignment.data.chat_format import chat_prompt
 from llm.tools.gen_arith import careless_answer
 
 

@@ -18,7 +18,7 @@ from typing import Optional
 if not __package__:  # run as a script path: make the repository root importable
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
-from llm.cpu_runtime import configure_cpu_runtime
+from paddle_alignment.cpu_runtime import configure_cpu_runtime
 
 configure_cpu_runtime()  # MKL's code path and threads for this CPU, before paddle loads
 
@@ -29,11 +29,11 @@ from paddlenlp.transformers import AutoModelForCausalLM
 from paddlenlp.utils.env import LORA_CONFIG_NAME
 from tqdm import tqdm
 
-from llm.alignment.ppo.data.builtin import JsonFileDataset
-from llm.alignment.ppo.data.datasets import format_prompt
-from llm.alignment.ppo.data.raw import RawSample, read_rows
-from llm.alignment.ppo.infer_utils import SamplingConfig, generate_rollouts
-from llm.alignment.ppo.models.loading import load_tokenizer
+from paddle_alignment.data.builtin import JsonFileDataset
+from paddle_alignment.data.datasets import format_prompt
+from paddle_alignment.data.raw import RawSample, read_rows
+from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
+from paddle_alignment.models.loading import load_tokenizer
 
 DECODE_STRATEGIES = ("sampling", "greedy_search")
 DTYPES = ("float32", "float16", "bfloat16")

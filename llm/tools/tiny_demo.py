@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import requests
 
-from llm.cpu_runtime import usable_cpus
+from paddle_alignment.cpu_runtime import usable_cpus
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 WORK_DIR = "tiny_demo"

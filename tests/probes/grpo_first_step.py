@@ -16,17 +16,17 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from llm.cpu_runtime import configure_cpu_runtime  # noqa: E402
+from paddle_alignment.cpu_runtime import configure_cpu_runtime  # noqa: E402
 
 configure_cpu_runtime()  # MKL's code path and threads for this CPU, before paddle loads
 
 import paddle  # noqa: E402
 
 from llm.alignment.ppo import run_ppo  # noqa: E402
-from llm.alignment.ppo.comm_utils import finish_distributed_run  # noqa: E402
-from llm.alignment.ppo.infer_utils import left_pad, package_rollouts  # noqa: E402
-from llm.alignment.ppo.models.tensor_parallel import whole  # noqa: E402
-from llm.alignment.ppo.rollout import ColocatedRollout, RolloutBatch  # noqa: E402
+from paddle_alignment.distributed import finish_distributed_run  # noqa: E402
+from paddle_alignment.rollout.decode import left_pad, package_rollouts  # noqa: E402
+from paddle_alignment.models.tensor_parallel import whole  # noqa: E402
+from paddle_alignment.rollout import ColocatedRollout, RolloutBatch  # noqa: E402
 
 # Added to the right sum: the answers of one group, the first one right.
 ANSWER_OFFSETS = (0, 1, -1, 10)
@@ -42,18 +42,18 @@ def fixed_rollouts(tokenizer, items, n):
 
 
 class FixedRollouts(ColocatedRollout):
-    """The rollout handed to the trainer: the fixed rollouts above, scored by the trainer's reward."""
+    """The rollout handed to the trainer: the fixed rollouts above, scored by the trainer's reward (its rollout worker's)."""
 
     def sample_next(self):
         items, _, version = self.pending.popleft()
-        exp = fixed_rollouts(self.trainer.tokenizer, items, self.trainer.args.rollout_n)
-        self.trainer.score(exp)
+        exp = fixed_rollouts(self.worker.tokenizer, items, self.worker.args.rollout_n)
+        self.worker.score(exp)
         self.ready.append(RolloutBatch(exp, version, generation_seconds=0.0))
 
 
 def first_step_metrics(argv):
     trainer = run_ppo.build_trainer(argv)
-    trainer.rollout = FixedRollouts(trainer)
+    trainer.rollout = FixedRollouts(trainer.rollout_worker)
     trainer.prepare_training()
     exp, metrics = trainer.rl_step(trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size))
     return trainer, exp, metrics

@@ -14,15 +14,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from llm.cpu_runtime import configure_cpu_runtime  # noqa: E402
+from paddle_alignment.cpu_runtime import configure_cpu_runtime  # noqa: E402
 
 configure_cpu_runtime()  # MKL's code path and threads for this CPU, before paddle loads
 
 import paddle  # noqa: E402
 
-from llm.alignment.ppo import infer_utils, run_ppo  # noqa: E402
-from llm.alignment.ppo.comm_utils import finish_distributed_run  # noqa: E402
-from llm.alignment.ppo.models.tensor_parallel import is_tensor_parallel  # noqa: E402
+from llm.alignment.ppo import run_ppo  # noqa: E402
+from paddle_alignment.rollout import decode as infer_utils  # noqa: E402
+from paddle_alignment.distributed import finish_distributed_run  # noqa: E402
+from paddle_alignment.models.tensor_parallel import is_tensor_parallel  # noqa: E402
 
 
 class Collect(logging.Handler):

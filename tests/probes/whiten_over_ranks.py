@@ -11,15 +11,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from llm.cpu_runtime import configure_cpu_runtime  # noqa: E402
+from paddle_alignment.cpu_runtime import configure_cpu_runtime  # noqa: E402
 
 configure_cpu_runtime()  # MKL's code path and threads for this CPU, before paddle loads
 
 import paddle  # noqa: E402
 import paddle.distributed as dist  # noqa: E402
 
-from llm.alignment.ppo.algos import ADVANTAGE_ESTIMATORS  # noqa: E402
-from llm.alignment.ppo.comm_utils import finish_distributed_run, sum_over_data_ranks  # noqa: E402
+from paddle_alignment.algos import ADVANTAGE_ESTIMATORS  # noqa: E402
+from paddle_alignment.distributed import finish_distributed_run, sum_over_data_ranks  # noqa: E402
 
 ROWS, STEPS = 6, 5
 

@@ -1,8 +1,9 @@
 """RL trainer: orchestration only. One step is rollout -> reward -> log-probs (and values) -> advantages
 -> update of the actor (and critic) -> log.
 
-The math lives in `algos/` (selected by config names), rollout in `infer_utils.py`, rewards in `rewards/`,
-the critic in `models/score_model.py`. paddlenlp's `Trainer` supplies the actor's optimizer,
+The math lives in paddle_alignment's `algos/` (selected by config names), generation, scoring and the
+behaviour and reference log-probs in its rollout worker (`rollout/worker.py`), rewards in `rewards/`, the
+critic in `models/score_model.py`. paddlenlp's `Trainer` supplies the actor's optimizer,
 data-parallel wrapping, callbacks (progress bar, VisualDL) and RNG-state restore.
 """
 
@@ -24,17 +25,16 @@ from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import Trainer
 from paddlenlp.utils.log import logger
 
-from llm.alignment.ppo.algos import ADVANTAGE_ESTIMATORS
-from llm.alignment.ppo.algos.registry import call_with_options
-from llm.alignment.ppo.algos.losses import LossScale
-from llm.alignment.ppo.algos.masked import masked_mean
-from llm.alignment.ppo.algos.metrics import explained_variance, rlhf_objective_metrics
-from llm.alignment.ppo.algos.reward_shaping import groups_with_reward_variance, shape_rewards
-from llm.alignment.ppo.algos.schedules import build_lr_scheduler
-from llm.alignment.ppo.algos.token_stats import position_ids_from_mask
-from llm.alignment.ppo import checkpoint_io
-from llm.alignment.ppo.checkpoint_utils import barrier, output_dir_claimed
-from llm.alignment.ppo.comm_utils import (
+from paddle_alignment.algos import ADVANTAGE_ESTIMATORS
+from paddle_alignment.algos.registry import call_with_options
+from paddle_alignment.algos.losses import LossScale
+from paddle_alignment.algos.masked import masked_mean
+from paddle_alignment.algos.metrics import explained_variance, rlhf_objective_metrics
+from paddle_alignment.algos.reward_shaping import groups_with_reward_variance, shape_rewards
+from paddle_alignment.algos.schedules import build_lr_scheduler
+from paddle_alignment.checkpoints import saving as checkpoint_io
+from paddle_alignment.checkpoints.folders import barrier, output_dir_claimed
+from paddle_alignment.distributed import (
     all_reduce_scalars,
     data_parallel_rank_and_size,
     is_distributed,
@@ -42,35 +42,17 @@ from llm.alignment.ppo.comm_utils import (
     rank_shard,
     sum_over_data_ranks,
 )
-from llm.alignment.ppo.data import IGNORE_INDEX
-from llm.alignment.ppo.experience import Experience
-from llm.alignment.ppo.fused_optimizer import FusedOptimizerMixin, build_optimizer, gradient_norm
-from llm.alignment.ppo.infer_utils import SamplingConfig, draw_seed, generate_rollouts
-from llm.alignment.ppo.models.lora_utils import adapters_disabled, is_lora
-from llm.alignment.ppo.models.native_forward import NativeDecoder
-from llm.alignment.ppo.models.ppo_model_utils import PolicyObjective, ValueObjective, lm_head_at
-from llm.alignment.ppo.models.score_model_utils import RunningMeanStd
-from llm.alignment.ppo.models.tensor_parallel import is_tensor_parallel, whole
-from llm.alignment.ppo.offload_utils import OffloadPlan
-from llm.alignment.ppo.rollout import ColocatedRollout, RolloutTiming
-
-
-def response_logits(model, exp):
-    """Logits that predict each response token: [B, R, V]. The LM head projects those positions only where the
-    model has one (with a 152k vocabulary and long prompts, most of its work would be the prompt's)."""
-    positions = slice(exp.prompt_len - 1, -1)
-    with lm_head_at(model, positions) as head_selects:
-        logits = model(
-            input_ids=exp.input_ids,
-            attention_mask=exp.attention_mask,
-            position_ids=position_ids_from_mask(exp.attention_mask),
-            return_dict=True,
-        ).logits
-    return logits if head_selects else logits[:, positions]
-
-
-def response_labels(exp):
-    return exp.input_ids[:, exp.prompt_len :]
+from paddle_alignment.data import IGNORE_INDEX
+from paddle_alignment.experience import Experience
+from paddle_alignment.fused_optimizer import FusedOptimizerMixin, build_optimizer, gradient_norm
+from paddle_alignment.rollout.decode import draw_seed
+from paddle_alignment.models.lora_utils import is_lora
+from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective, response_labels, response_logits
+from paddle_alignment.models.score_model_utils import RunningMeanStd
+from paddle_alignment.models.tensor_parallel import is_tensor_parallel, whole
+from paddle_alignment.offload import OffloadPlan
+from paddle_alignment.rollout import ColocatedRollout, RolloutTiming
+from paddle_alignment.rollout.worker import RolloutWorker
 
 
 def response_values(critic, exp):
@@ -111,14 +93,16 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         self.critic = critic_model
         self.ptx_dataset = ptx_dataset
         self.lora_save_merged = lora_save_merged
-        self.rollout = rollout or ColocatedRollout(self)
+        self.rollout_worker = RolloutWorker(
+            args, model, tokenizer, reward_scorer, reference_model, autocast=self.autocast_smart_context_manager
+        )
+        self.rollout = rollout or ColocatedRollout(self.rollout_worker)
         if args.uses_reference_model and reference_model is None and not is_lora(model):
             raise ValueError("the KL term needs a reference model (or a LoRA actor, whose base weights serve as one)")
         self.reward_normalizer = RunningMeanStd(1) if args.normalize_reward else None
         # Batches drawn from the prompt (train) and ptx data; more than one prompt batch per step with
         # dynamic sampling, so resume needs the counts.
         self.batches_drawn = {"train": 0, "ptx": 0}
-        self.sampling = SamplingConfig.from_args(args)
         self.advantage_fn = ADVANTAGE_ESTIMATORS.get(args.rl_algorithm)
         self.policy_objective = PolicyObjective.from_args(args)
         self.value_objective = ValueObjective.from_args(args)
@@ -130,14 +114,17 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         self.offload = self.offload_plan()
 
     def offload_plan(self):
-        """`offload_level`'s plan over the models and the optimizers created so far."""
-        return OffloadPlan.from_level(
+        """`offload_level`'s plan over the models and the optimizers created so far (the rollout worker's passes
+        follow it too)."""
+        plan = OffloadPlan.from_level(
             self.args.offload_level, self.args.device,
             # The reward model, when rewards come from one, sits in its scorer.
             frozen=[self.reference_model, getattr(self.reward_scorer, "model", None)],
             trained=[self.model, self.critic],
             optimizers=[self.optimizer, getattr(self, "critic_optimizer", None)],
         )
+        self.rollout_worker.offload = plan
+        return plan
 
     # ---- set-up -------------------------------------------------------------------------------------
 
@@ -220,7 +207,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         evaluates = self.eval_dataset is not None and args.evaluation_strategy != "no"
         try:
-            self.rollout.start(self, start_step)
+            self.rollout.start(self.model, start_step)
             self.train_steps(batches, start_step, evaluates)
         finally:
             self.rollout.close()
@@ -321,11 +308,11 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         exp, generation = self.make_experience(batches)
         with self.offload.on_device("train_model"):
             if self.needs_old_logprobs and exp.old_logprobs is None:
-                exp.old_logprobs = self.compute_logprobs(self.model, exp)
+                exp.old_logprobs = self.rollout_worker.compute_logprobs(self.model, exp)
             if self.critic is not None:
                 exp.values = self.compute_values(exp)
         if args.uses_reference_model and exp.ref_logprobs is None:
-            exp.ref_logprobs = self.compute_reference_logprobs(exp)
+            exp.ref_logprobs = self.rollout_worker.compute_reference_logprobs(exp)
         advantages = call_with_options(
             self.advantage_fn, exp.rewards, exp.response_mask, group_index=exp.group_index, values=exp.values,
             norm_adv_by_std=args.norm_adv_by_std_in_grpo, logprobs=exp.old_logprobs, ref_logprobs=exp.ref_logprobs,
@@ -374,42 +361,6 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         timing.add(batch, waited=time.time() - started, staleness=version - batch.version)
         return batch.exp
 
-    def sample(self, items, seed, behaviour_logprobs=False):
-        """Rollouts of the prompt `items` sampled from `seed`, with their scores, and the seconds the
-        generation took. `behaviour_logprobs`: also the sampling policy's and the reference's log-probs
-        (what a decoupled rollout's sampler records); the fast decode loop records the former as it samples,
-        otherwise a forward pass computes them."""
-        started = time.time()
-        exp = self.generate(items, seed, record_logprobs=behaviour_logprobs)
-        seconds = time.time() - started
-        self.score(exp)
-        if behaviour_logprobs:
-            if exp.old_logprobs is None:
-                with self.offload.on_device("train_model"):
-                    exp.old_logprobs = self.compute_logprobs(self.model, exp)
-            if self.args.uses_reference_model:
-                exp.ref_logprobs = self.compute_reference_logprobs(exp)
-        return exp, seconds
-
-    def generate(self, prompts, seed, record_logprobs=False):
-        """`rollout_n` rollouts of each prompt, decoded per_device_rollout_batch_size prompts at a time (the
-        i-th from seed + i); see generate_rollouts for `record_logprobs`."""
-        size = self.args.per_device_rollout_batch_size
-        with self.offload.on_device("train_model"), self.autocast_smart_context_manager():
-            parts = [
-                generate_rollouts(
-                    self.model, self.tokenizer, prompts[start : start + size], self.args.rollout_n, self.sampling,
-                    self.args.use_fusemt, seed=seed + i, record_logprobs=record_logprobs,
-                )
-                for i, start in enumerate(range(0, len(prompts), size))
-            ]
-        return parts[0] if len(parts) == 1 else Experience.concat(parts, self.tokenizer.pad_token_id)
-
-    def score(self, exp):
-        """exp.scores: the reward source's scores of the responses."""
-        with self.offload.on_device("freeze_model"), self.autocast_smart_context_manager():
-            exp.scores = paddle.to_tensor(self.reward_scorer.score(exp), dtype="float32")
-
     def shape_rewards(self, exp):
         """exp.rewards: the scores after penalties, normalisation and clipping."""
         args = self.args
@@ -424,32 +375,6 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         """Rewards [B] standardised by the running mean and std of every reward so far (updated first)."""
         self.reward_normalizer.update(rewards.unsqueeze(-1))
         return self.reward_normalizer.normalize(rewards.unsqueeze(-1)).squeeze(-1)
-
-    @paddle.no_grad()
-    def compute_logprobs(self, model, exp):
-        """Log-probs of the response tokens under `model`, in micro-batches of per_device_logprob_batch_size: [B, R].
-        A float32 CPU Qwen2/Llama runs the native no-gradient forward (weights gathered once per call)."""
-        size = self.args.per_device_logprob_batch_size
-        chunks = []
-        native = NativeDecoder.for_model(model)  # None: the model's own forward (said once why)
-        for start in range(0, len(exp), size):
-            micro = exp.select(start, start + size)
-            with self.autocast_smart_context_manager():
-                if native is None:
-                    logits = response_logits(model, micro)
-                else:
-                    logits = native.response_logits(micro.input_ids, micro.attention_mask, micro.prompt_len)
-            chunks.append(whole(self.policy_objective.token_logprobs(logits, response_labels(micro))))
-        return paddle.concat(chunks, axis=0)
-
-    def compute_reference_logprobs(self, exp):
-        """The reference model's log-probs; for a LoRA actor without a separate reference, the actor's own
-        with its adapters switched off (the base weights)."""
-        if self.reference_model is not None:
-            with self.offload.on_device("freeze_model"):
-                return self.compute_logprobs(self.reference_model, exp)
-        with self.offload.on_device("train_model"), adapters_disabled(self.model):
-            return self.compute_logprobs(self.model, exp)
 
     @paddle.no_grad()
     def compute_values(self, exp):
@@ -610,14 +535,9 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         dataset = eval_dataset or self.eval_dataset
         shard = rank_shard(len(dataset))
         size = self.args.per_device_eval_batch_size
-        greedy = SamplingConfig.from_args(self.args, greedy=True)
         totals = {"correct": 0.0, "reward": 0.0, "count": 0.0}
         for start in range(0, len(shard), size):
-            items = [dataset[i] for i in shard[start : start + size]]
-            with self.offload.on_device("train_model"), self.autocast_smart_context_manager():
-                exp = generate_rollouts(self.model, self.tokenizer, items, 1, greedy, self.args.use_fusemt)
-            with self.offload.on_device("freeze_model"), self.autocast_smart_context_manager():
-                scores = self.reward_scorer.score(exp)
+            scores = self.rollout_worker.greedy_scores([dataset[i] for i in shard[start : start + size]])
             if self.reward_scorer.max_score is not None:
                 totals["correct"] += sum(s >= self.reward_scorer.max_score for s in scores)
             totals["reward"] += sum(scores)

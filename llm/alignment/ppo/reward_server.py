@@ -27,23 +27,16 @@ import hmac
 import json
 import logging
 import os
-import sys
-from pathlib import Path
-
-if not __package__:
-    # Run as a script path: make the `llm` package importable from the repository root.
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import waitress  # noqa: E402
 from flask import Flask, jsonify, request  # noqa: E402
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge  # noqa: E402
 
-from llm.alignment.ppo.rewards import REWARD_TASKS, RewardInputError, get_reward_task  # noqa: E402
+from paddle_alignment.rewards import API_KEY_ENV, REWARD_TASKS, RewardInputError, get_reward_task  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
 REQUEST_KEYS = ("src", "tgt", "response")
-API_KEY_ENV = "REWARD_SERVER_API_KEY"  # read by the server and by the trainer's client
 DEFAULT_MAX_BATCH = 4096
 DEFAULT_MAX_CONTENT_LENGTH = 64 * 1024 * 1024
 # Far above a response of 32k tokens; rules are linear, so this bounds one item's scoring time.

@@ -8,10 +8,10 @@ forward pass of the score model.
 import paddle
 from paddlenlp.trainer import Trainer
 
-from llm.alignment.ppo.algos import PAIRWISE_LOSSES
-from llm.alignment.ppo.algos.pairwise import end_scores
-from llm.alignment.ppo.comm_utils import all_reduce_scalars, rank_shard
-from llm.alignment.ppo.fused_optimizer import FusedOptimizerMixin
+from paddle_alignment.algos import PAIRWISE_LOSSES
+from paddle_alignment.algos.pairwise import end_scores
+from paddle_alignment.distributed import all_reduce_scalars, rank_shard
+from paddle_alignment.fused_optimizer import FusedOptimizerMixin
 
 
 class RewardTrainer(FusedOptimizerMixin, Trainer):

@@ -15,26 +15,26 @@ from typing import Optional
 if not __package__:  # run as a script path: make the repository root importable
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
 
-from llm.cpu_runtime import configure_cpu_runtime
+from paddle_alignment.cpu_runtime import configure_cpu_runtime
 
 configure_cpu_runtime()  # MKL's code path and threads for this CPU, before paddle loads
 
 import paddle
 from paddlenlp.trainer import TrainingArguments, set_seed
 
-from llm.alignment.ppo.algos import PAIRWISE_LOSSES
-from llm.alignment.ppo.arguments import (
+from paddle_alignment.algos import PAIRWISE_LOSSES
+from paddle_alignment.config.arguments import (
     ModelKernelArguments,
     check_launch_layout,
     parse_arguments,
     refuse_tensor_parallel,
     runs_on_accelerator,
 )
-from llm.alignment.ppo.checkpoint_utils import output_dir_claimed
-from llm.alignment.ppo.comm_utils import finish_distributed_run
-from llm.alignment.ppo.data import PreferenceCollator, PreferenceDataset
-from llm.alignment.ppo.models.loading import load_score_model, load_tokenizer
-from llm.alignment.ppo.models.score_model_utils import NORMALIZERS
+from paddle_alignment.checkpoints.folders import output_dir_claimed
+from paddle_alignment.distributed import finish_distributed_run
+from paddle_alignment.data import PreferenceCollator, PreferenceDataset
+from paddle_alignment.models.loading import load_score_model, load_tokenizer
+from paddle_alignment.models.score_model_utils import NORMALIZERS
 from llm.alignment.rm.reward_trainer import RewardTrainer
 
 

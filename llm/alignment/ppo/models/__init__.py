@@ -1,1 +1,1 @@
-"""Model wrappers used by the RL stages."""
+"""Pipeline-parallel wrappers of the policy and value models (model_pp.py), where PaddleNLP keeps them."""

@@ -32,7 +32,7 @@ from llm.alignment.ppo.models.pp_model_utils import (
     split_pipeline_inputs,
     value_labels,
 )
-from llm.alignment.ppo.models.score_model import apply_score_config, refuse_sequence_parallel
+from paddle_alignment.models.score_model import apply_score_config, refuse_sequence_parallel
 
 LM_HEAD_PREFIX = "lm_head"
 SCORE_HEAD_PREFIX = "score_head"

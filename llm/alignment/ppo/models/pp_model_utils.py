@@ -48,7 +48,7 @@ import paddle.nn.functional as F
 from paddle import nn
 from paddlenlp.utils.log import logger
 
-from llm.alignment.ppo.algos.token_stats import position_ids_from_mask
+from paddle_alignment.algos.token_stats import position_ids_from_mask
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask")  # [b, P+R]; every other key of a micro-batch is [b, R]
 

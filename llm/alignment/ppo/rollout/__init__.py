@@ -1,6 +1,0 @@
-"""Rollout engines: where the trainer's batches of scored rollouts come from (engines.py), and decoupled
-rollout's sampler processes (decoupled.py, sampler.py) and weight publishing (weights.py)."""
-
-from llm.alignment.ppo.rollout.engines import ColocatedRollout, Rollout, RolloutBatch, RolloutTiming
-
-__all__ = ["ColocatedRollout", "Rollout", "RolloutBatch", "RolloutTiming"]

@@ -1,0 +1,14 @@
+"""Pure tensor functions of RL alignment, registered by name (see registry.py).
+
+Importing this package registers every algorithm; the trainer looks them up by config value.
+"""
+
+from paddle_alignment.algos.registry import (  # noqa: F401
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    LR_SCHEDULES,
+    PAIRWISE_LOSSES,
+    POLICY_LOSSES,
+)
+from paddle_alignment.algos import advantages, kl, losses, metrics, pairwise, reward_shaping, schedules, token_stats  # noqa: E402,F401

@@ -1,0 +1,114 @@
+"""Advantage estimators. Each returns token-level advantages [B, R], zero outside the response mask;
+an estimator that trains a critic (`ppo`) returns (advantages, returns), the returns being the critic's targets."""
+
+import paddle
+
+from paddle_alignment.algos.kl import kl_k1
+from paddle_alignment.algos.masked import masked_whiten
+from paddle_alignment.algos.registry import ADVANTAGE_ESTIMATORS
+
+
+def group_stats(values, group_index):
+    """Per-sample size, mean and unbiased std of the group of samples sharing its `group_index` [B]."""
+    _, inverse = paddle.unique(group_index, return_inverse=True)
+    groups = int(inverse.max()) + 1
+    one_hot = paddle.nn.functional.one_hot(inverse.reshape([-1]), num_classes=groups).astype(values.dtype)
+    counts = one_hot.sum(axis=0)
+    means = (one_hot * values.unsqueeze(-1)).sum(axis=0) / counts
+    squared_dev = one_hot * (values.unsqueeze(-1) - means.unsqueeze(0)) ** 2
+    stds = paddle.sqrt(squared_dev.sum(axis=0) / (counts - 1.0).clip(min=1.0))
+    return one_hot @ counts, one_hot @ means, one_hot @ stds
+
+
+@ADVANTAGE_ESTIMATORS.register("grpo", group_baseline=True)
+def grpo_advantages(rewards, response_mask, group_index, norm_adv_by_std=True, epsilon=1e-6):
+    """Group-relative advantages: (r - mean_group) / (std_group + eps), broadcast over the response.
+
+    With `norm_adv_by_std=False` the std division is dropped (Dr.GRPO), so groups with nearly equal
+    rewards are not amplified.
+    """
+    _, mean, std = group_stats(rewards, group_index)
+    scores = rewards - mean
+    if norm_adv_by_std:
+        scores = scores / (std + epsilon)
+    return scores.unsqueeze(-1) * response_mask.astype(rewards.dtype)
+
+
+@ADVANTAGE_ESTIMATORS.register("rloo", group_baseline=True)
+def rloo_advantages(rewards, response_mask, group_index):
+    """REINFORCE leave-one-out: r_i minus the mean reward of the other samples of its prompt,
+    n / (n - 1) * (r_i - mean_group), broadcast over the response."""
+    counts, mean, _ = group_stats(rewards, group_index)
+    scores = counts / (counts - 1.0).clip(min=1.0) * (rewards - mean)
+    return scores.unsqueeze(-1) * response_mask.astype(rewards.dtype)
+
+
+def last_token_rewards(rewards, response_mask):
+    """Scalar rewards [B] placed on the last valid response token: [B, R]."""
+    mask = response_mask.astype(rewards.dtype)
+    lengths = mask.sum(axis=-1).astype("int64")
+    last = paddle.nn.functional.one_hot((lengths - 1).clip(min=0), num_classes=mask.shape[1]).astype(rewards.dtype)
+    return last * rewards.unsqueeze(-1) * mask
+
+
+def discounted_returns(token_rewards, response_mask, gamma):
+    """G_t = sum over k >= t of gamma^(k - t) r_k, within each response: [B, R]."""
+    mask = response_mask.astype(token_rewards.dtype)
+    running = paddle.zeros_like(token_rewards[:, 0])
+    returns = []
+    for t in reversed(range(token_rewards.shape[1])):
+        running = token_rewards[:, t] + gamma * running * mask[:, t]
+        returns.append(running)
+    return paddle.stack(returns[::-1], axis=1) * mask
+
+
+def kl_shaped_token_rewards(rewards, response_mask, logprobs=None, ref_logprobs=None, kl_coeff=0.0):
+    """Token rewards of PPO and REINFORCE++: -kl_coeff * KL_t on every token (k1 of the rollout policy's
+    `logprobs` against the reference's, as verl's and PaddleNLP's default) plus the scalar reward on the
+    last one: [B, R]."""
+    token_rewards = last_token_rewards(rewards, response_mask)
+    if kl_coeff:
+        token_kl = kl_k1(logprobs, ref_logprobs)
+        token_rewards = token_rewards - kl_coeff * token_kl * response_mask.astype(rewards.dtype)
+    return token_rewards
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus", kl_in_reward=True)
+def reinforce_plus_plus_advantages(
+    rewards, response_mask, logprobs=None, ref_logprobs=None, kl_coeff=0.0, gamma=1.0, reduce_sum=None
+):
+    """REINFORCE++: discounted returns of the KL-shaped token rewards, whitened over every valid token of
+    the batch (of every rank, with `reduce_sum`: see masked_whiten). No per-prompt baseline."""
+    token_rewards = kl_shaped_token_rewards(rewards, response_mask, logprobs, ref_logprobs, kl_coeff)
+    returns = discounted_returns(token_rewards, response_mask, gamma)
+    return masked_whiten(returns, response_mask, reduce_sum)
+
+
+@ADVANTAGE_ESTIMATORS.register("ppo", critic=True, kl_in_reward=True)
+def gae_advantages(
+    rewards, response_mask, values, logprobs=None, ref_logprobs=None, kl_coeff=0.0, gamma=1.0, lam=0.95,
+    normalize_advantage=True, reduce_sum=None,
+):
+    """PPO: generalised advantage estimation on the KL-shaped token rewards with the critic's `values` [B, R].
+
+    delta_t = r_t + gamma * V_{t+1} - V_t (V past the response is 0), A_t = delta_t + gamma * lam * A_{t+1};
+    the returns A_t + V_t are the critic's targets. With `normalize_advantage` the advantages (not the
+    returns) are whitened over the valid tokens (of every rank, with `reduce_sum`). Returns (advantages,
+    returns), both [B, R].
+    """
+    mask = response_mask.astype(rewards.dtype)
+    token_rewards = kl_shaped_token_rewards(rewards, response_mask, logprobs, ref_logprobs, kl_coeff)
+    values = values * mask
+    next_value = paddle.zeros_like(values[:, 0])
+    running = paddle.zeros_like(values[:, 0])
+    advantages = []
+    for t in reversed(range(values.shape[1])):
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        running = (delta + gamma * lam * running) * mask[:, t]
+        advantages.append(running)
+        next_value = values[:, t]
+    advantages = paddle.stack(advantages[::-1], axis=1)
+    returns = (advantages + values) * mask
+    if normalize_advantage:
+        advantages = masked_whiten(advantages, response_mask, reduce_sum)
+    return advantages, returns

@@ -1,0 +1,270 @@
+"""What a PPO/GRPO checkpoint holds and which rank writes and reads each file (PaddleNLP's names).
+
+    output_dir/checkpoint-N/
+        policy/, value/                 the models, from_pretrained-loadable (rank 0 writes; save_model)
+        optimizer[.SUFFIX].pdopt        each optimizer part's state, one file per part (save_optimizer_state):
+        value_optimizer[.SUFFIX].pdopt  SUFFIX is paddlenlp's optimizer_name_suffix, e.g. `shard01` under
+                                        sharding stage 1, where each sharding rank's optimizer holds only
+                                        its own parameters' states; none in a single process or data parallel
+        scheduler.pdparams, value_scheduler.pdparams, reward_normalizer.pdparams, trainer_state.json,
+        data_state.json, rng_state.pth (one process) or rng_state_<world>.pth (every rank's)   rank 0
+        rollout_queue.rank<R>.pkl       rank R's rollout batches requested before the checkpoint and not yet
+                                        trained on (decoupled rollout samples ahead), each rank its own
+
+Every rank calls save_checkpoint, save_final_models and load_checkpoint (they hold collectives). All
+ranks write into one temp folder that rank 0 renames once every rank has written (atomic_directory).
+A checkpoint resumes at the parallel layout it was saved with. With `ignore_save_lr_and_optim` (PaddleNLP's
+key) the optimizer and scheduler files are left out; resuming such a checkpoint (or any with
+`ignore_load_lr_and_optim`) restarts the optimizer's moments and continues the schedule at the step.
+"""
+
+import json
+import os
+import pickle
+from typing import NamedTuple
+
+import paddle
+import paddle.distributed as dist
+from paddlenlp.trainer.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
+from paddlenlp.trainer.trainer_callback import TrainerState
+from paddlenlp.transformers.model_utils import _add_variant
+from paddlenlp.utils.log import logger
+
+from paddle_alignment.checkpoints.folders import (
+    atomic_directory,
+    collect_rng_states,
+    optimizer_state_by_parameter_name,
+    optimizer_state_by_structured_name,
+    rotate_checkpoints,
+)
+from paddle_alignment.distributed import is_distributed
+from paddle_alignment.models.lora_utils import save_merged
+from paddle_alignment.models.tensor_parallel import complete_state_dict, is_tensor_parallel, local_state, set_local_state
+from paddle_alignment.rollout import RolloutBatch
+
+CRITIC_OPTIMIZER_NAME, CRITIC_SCHEDULER_NAME = "value_optimizer.pdopt", "value_scheduler.pdparams"
+DATA_STATE_NAME = "data_state.json"
+ROLLOUT_QUEUE_NAME = "rollout_queue.rank{rank}.pkl"
+REWARD_NORMALIZER_NAME = "reward_normalizer.pdparams"
+
+
+class TrainedModel(NamedTuple):
+    """A model that trains, with its optimizer and schedule, and their names in a checkpoint."""
+
+    folder: str
+    model: object
+    optimizer: object
+    lr_scheduler: object
+    optimizer_name: str
+    scheduler_name: str
+
+
+def trained_models(trainer):
+    """The policy and, with a critic, the value model."""
+    models = [TrainedModel("policy", trainer.model, trainer.optimizer, trainer.lr_scheduler, OPTIMIZER_NAME, SCHEDULER_NAME)]
+    if trainer.critic is not None:
+        models.append(
+            TrainedModel(
+                "value", trainer.critic, trainer.critic_optimizer, trainer.critic_lr_scheduler,
+                CRITIC_OPTIMIZER_NAME, CRITIC_SCHEDULER_NAME,
+            )
+        )
+    return models
+
+
+def is_first_rank():
+    return dist.get_rank() == 0
+
+
+# ---- models -----------------------------------------------------------------------------------------
+
+
+def save_model(model, folder, tokenizer, merge_lora=False):
+    """`model` to `folder`, from_pretrained-loadable with the tokenizer beside it. Every rank calls this (the
+    one place a model's weights are written); rank 0 writes. A tensor-parallel model's parts are gathered
+    first, so the folder holds the whole model whatever the layout. `merge_lora`: a LoRA model's base
+    weights with the adapters folded in."""
+    state = complete_state_dict(model) if is_tensor_parallel(model) else None
+    if not is_first_rank():
+        return
+    if merge_lora:
+        save_merged(model, folder)
+    else:
+        model.save_pretrained(folder, state_dict=state)
+    tokenizer.save_pretrained(folder)
+
+
+def final_models(trainer):
+    """(folder name in output_dir, model, merge_lora) of each final model: the policy (a LoRA policy as its
+    adapters, plus policy_merged with `lora_save_merged`) and the critic."""
+    models = [("policy", trainer.model, False)]
+    models += [("value", trainer.critic, False)] if trainer.critic is not None else []
+    models += [("policy_merged", trainer.model, True)] if trainer.lora_save_merged else []
+    return models
+
+
+def save_final_models(trainer):
+    """output_dir/policy, output_dir/value ..., each written to a temp folder and renamed when complete."""
+    for name, model, merge_lora in final_models(trainer):
+        with atomic_directory(os.path.join(trainer.args.output_dir, name)) as tmp:
+            save_model(model, tmp, trainer.tokenizer, merge_lora)
+
+
+# ---- optimizer parts --------------------------------------------------------------------------------
+
+
+def optimizer_file(name, args):
+    """This rank's optimizer file, paddlenlp's `name` with `optimizer_name_suffix` (e.g. optimizer.shard01.pdopt
+    under sharding; optimizer.pdopt in a single process or data parallel)."""
+    return _add_variant(name, args.optimizer_name_suffix)
+
+
+def writes_optimizer_part(args):
+    """Whether this rank writes its optimizer file: under fleet hybrid parallel each tensor/pipeline/sharding
+    part is written by its data-parallel rank 0 (as paddlenlp's Trainer does); otherwise rank 0 writes the
+    one file every rank shares."""
+    return args.data_parallel_rank == 0 if args.use_hybrid_parallel else is_first_rank()
+
+
+def save_optimizer_state(optimizer, model, folder, name, args):
+    """This rank's part of `optimizer`'s state, keyed by parameter paths, to `folder`/optimizer_file(name)
+    (under tensor parallel, this rank's slices of the split moments)."""
+    if writes_optimizer_part(args):
+        state = local_state(optimizer_state_by_structured_name(optimizer, model))
+        paddle.save(state, os.path.join(folder, optimizer_file(name, args)))
+
+
+def load_optimizer_state(optimizer, model, folder, name, args):
+    state = optimizer_state_by_parameter_name(paddle.load(os.path.join(folder, optimizer_file(name, args))), model)
+    if is_tensor_parallel(model):
+        set_local_state(optimizer, state)
+    else:
+        optimizer.set_state_dict(state)
+
+
+# ---- checkpoints ------------------------------------------------------------------------------------
+
+
+def save_checkpoint(trainer):
+    """output_dir/checkpoint-N (N the global step): every rank's part, then rotation (save_total_limit)."""
+    args = trainer.args
+    path = os.path.join(args.output_dir, f"checkpoint-{trainer.state.global_step}")
+    rng_states = collect_rng_states()
+    with atomic_directory(path) as tmp:
+        for part in trained_models(trainer):
+            save_model(part.model, os.path.join(tmp, part.folder), trainer.tokenizer)
+            if not args.ignore_save_lr_and_optim:
+                save_optimizer_state(part.optimizer, part.model, tmp, part.optimizer_name, args)
+        save_rollout_queue(trainer, tmp)
+        if is_first_rank():
+            save_shared_state(trainer, tmp, rng_states)
+    if is_first_rank():
+        rotate_checkpoints(args.output_dir, args.save_total_limit, just_written=trainer.state.global_step)
+    logger.info(f"checkpoint written to {path}")
+
+
+def save_shared_state(trainer, folder, rng_states):
+    """The state every rank holds alike (schedules, reward normalizer, step, batches drawn), and every rank's
+    RNG states in paddlenlp's file."""
+    for part in trained_models(trainer):
+        if not trainer.args.ignore_save_lr_and_optim:
+            paddle.save(part.lr_scheduler.state_dict(), os.path.join(folder, part.scheduler_name))
+    if trainer.reward_normalizer is not None:
+        paddle.save(trainer.reward_normalizer.state_dict(), os.path.join(folder, REWARD_NORMALIZER_NAME))
+    trainer.state.save_to_json(os.path.join(folder, TRAINER_STATE_NAME))
+    with open(os.path.join(folder, DATA_STATE_NAME), "w") as f:
+        json.dump({"batches_drawn": trainer.batches_drawn}, f)
+    world = len(rng_states)
+    rng_file = "rng_state.pth" if world == 1 else f"rng_state_{world}.pth"
+    paddle.save(rng_states[0] if world == 1 else rng_states, os.path.join(folder, rng_file))
+
+
+def load_checkpoint(trainer, path):
+    """Restore optimizers, schedulers, reward normalizer, RNG and data position from a checkpoint folder;
+    the policy and value weights were loaded from `path/policy` and `path/value` by run_ppo. Returns the
+    step to continue from."""
+    args = trainer.args
+    check_complete(path, files_to_load(trainer))
+    step = TrainerState.load_from_json(os.path.join(path, TRAINER_STATE_NAME)).global_step
+    for part in trained_models(trainer):
+        if loads_optimizer(path, part, args):
+            load_optimizer_state(part.optimizer, part.model, path, part.optimizer_name, args)
+            part.lr_scheduler.set_state_dict(paddle.load(os.path.join(path, part.scheduler_name)))
+        else:
+            logger.warning(
+                f"{path}: {part.folder}'s optimizer starts with zero moments (ignore_save_lr_and_optim / "
+                f"ignore_load_lr_and_optim); its learning-rate schedule continues at step {step}"
+            )
+            part.lr_scheduler.step(step * args.optimizer_steps_per_rl_step)
+    if trainer.reward_normalizer is not None:
+        trainer.reward_normalizer.set_state_dict(paddle.load(os.path.join(path, REWARD_NORMALIZER_NAME)))
+    trainer._load_rng_state(path)
+    with open(os.path.join(path, DATA_STATE_NAME)) as f:
+        trainer.batches_drawn = json.load(f)["batches_drawn"]
+    load_rollout_queue(trainer, path)
+    logger.info(f"resumed from {path} at step {step}")
+    return step
+
+
+def rollout_queue_file(folder):
+    return os.path.join(folder, ROLLOUT_QUEUE_NAME.format(rank=dist.get_rank()))
+
+
+def save_rollout_queue(trainer, folder):
+    """This rank's requested batches, once sampled (none when every batch was trained on)."""
+    batches = trainer.rollout.drain()
+    if batches:
+        with open(rollout_queue_file(folder), "wb") as f:
+            pickle.dump([batch.to_numpy() for batch in batches], f, protocol=5)
+
+
+def load_rollout_queue(trainer, folder):
+    """The batches this rank had requested when the checkpoint was written: they come before any new request."""
+    if os.path.isfile(rollout_queue_file(folder)):
+        with open(rollout_queue_file(folder), "rb") as f:
+            trainer.rollout.restore([RolloutBatch.from_numpy(values) for values in pickle.load(f)])
+
+
+def optimizer_state_optional(args):
+    """PaddleNLP's switches that leave checkpoints without optimizer and scheduler state, or skip loading it."""
+    return args.ignore_save_lr_and_optim or args.ignore_load_lr_and_optim
+
+
+def loads_optimizer(path, part, args):
+    """Whether `part`'s optimizer and scheduler state is restored from checkpoint `path`."""
+    if args.ignore_load_lr_and_optim:
+        return False
+    return not args.ignore_save_lr_and_optim or os.path.isfile(os.path.join(path, optimizer_file(part.optimizer_name, args)))
+
+
+def files_to_load(trainer):
+    """The files of a checkpoint this rank must find."""
+    names = [TRAINER_STATE_NAME, DATA_STATE_NAME]
+    names += [REWARD_NORMALIZER_NAME] if trainer.reward_normalizer is not None else []
+    if not optimizer_state_optional(trainer.args):
+        for part in trained_models(trainer):
+            names += [optimizer_file(part.optimizer_name, trainer.args), part.scheduler_name]
+    return names
+
+
+def check_complete(path, names):
+    """Raise FileNotFoundError on every rank when any rank misses one of its `names` in `path` (all ranks
+    stop, none waits in a collective), naming the files and, for optimizer files, the layout."""
+    missing = [name for name in names if not os.path.isfile(os.path.join(path, name))]
+    if is_distributed():
+        gathered = []
+        dist.all_gather_object(gathered, missing)
+        missing = sorted(set(sum(gathered, [])))
+    if not missing:
+        return
+    message = f"resume_from_checkpoint={path} is not a complete checkpoint: " + "; ".join(f"{n} is missing" for n in missing)
+    optimizer_files = [n for n in missing if n.endswith(".pdopt")]
+    if optimizer_files:
+        saved = sorted(n for n in os.listdir(path) if n.endswith(".pdopt")) if os.path.isdir(path) else []
+        message += (
+            f". This run's parallel layout reads {', '.join(optimizer_files)}; the checkpoint holds "
+            f"{', '.join(saved) or 'no optimizer file'}. A checkpoint resumes at the layout it was saved with: one "
+            "optimizer file per tensor/pipeline/sharding part, named by paddlenlp's optimizer_name_suffix "
+            "(e.g. optimizer.shard01.pdopt at sharding_parallel_degree 2)"
+        )
+    raise FileNotFoundError(message)

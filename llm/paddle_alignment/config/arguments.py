@@ -1,0 +1,703 @@
+"""Arguments of RL alignment, read from one JSON or YAML file with PaddleNLP's `PdArgumentParser`.
+
+Keys, meanings and defaults follow PaddleNLP's RL arguments (`paddlenlp/rl/utils/config_utils.py`), so
+its configs run here unchanged; its keys that change nothing here are accepted with a log line saying
+why (paddlenlp_keys.py). Everything is checked at start: unknown keys and impossible combinations stop
+the run with a message naming the key.
+"""
+
+import dataclasses
+import difflib
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import paddle
+from paddlenlp.trainer import PdArgumentParser, TrainingArguments
+from paddlenlp.utils.log import logger
+
+from paddle_alignment.algos import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    LR_SCHEDULES,
+    POLICY_LOSSES,
+)
+from paddle_alignment.offload import parse_offload_level
+from paddle_alignment.config.paddlenlp_keys import ALIASES, config_tokens, drop_keys_without_effect, read_config, split_options
+from paddle_alignment.rewards import REWARD_TASKS
+
+# paddlenlp's recompute granularities (config.recompute_granularity of Qwen2 and Llama).
+RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
+ROLLOUT_MODES = ("colocated", "decoupled")
+
+
+@dataclass
+class ModelArgument:
+    actor_model_name_or_path: str = field(metadata={"help": "Local path of the policy (actor) model."})
+    reference_model_name_or_path: Optional[str] = field(
+        default=None, metadata={"help": "Frozen reference model for the KL term; defaults to the actor's path."}
+    )
+    tokenizer_name_or_path: Optional[str] = field(default=None, metadata={"help": "Tokenizer path; defaults to the actor's."})
+    reward_model_name_or_path: Optional[str] = field(
+        default=None, metadata={"help": "Reward model (llm/alignment/rm output) that scores responses."}
+    )
+    reward_critic_model_name_or_path: Optional[str] = field(
+        default=None, metadata={"help": "Initial critic (ppo); defaults to the reward model, else the actor's backbone."}
+    )
+    lora: bool = field(default=False, metadata={"help": "Train LoRA adapters of the actor instead of all its weights."})
+    lora_path: Optional[str] = field(default=None, metadata={"help": "Adapters (a saved policy folder) to start the LoRA actor from."})
+    lora_rank: int = field(default=8, metadata={"help": "Rank of the LoRA adapters."})
+    lora_alpha: Optional[int] = field(default=None, metadata={"help": "LoRA scaling numerator (adapters scale by alpha / rank); default 2 x lora_rank."})
+    lora_target_modules: Optional[str] = field(
+        default=None,
+        metadata={"help": "Comma-separated regexes of the layers that get adapters; default the attention and MLP projections."},
+    )
+    lora_save_merged: bool = field(
+        default=False, metadata={"help": "Also save output_dir/policy_merged: the actor with its adapters merged into the weights."}
+    )
+
+    def __post_init__(self):
+        # PaddleNLP's configs write "" for an unset model path.
+        for key in ("reference_model_name_or_path", "tokenizer_name_or_path", "reward_model_name_or_path",
+                    "reward_critic_model_name_or_path", "lora_path"):
+            if getattr(self, key) == "":
+                setattr(self, key, None)
+
+
+@dataclass
+class DataArgument:
+    train_datasets: str = field(
+        metadata={"help": "Prompts for rollouts: `name[:proportion[:path]]` entries or data files, comma separated."}
+    )
+    eval_datasets: Optional[str] = field(default=None, metadata={"help": "Held-out prompts, in the same format."})
+    ptx_datasets: Optional[str] = field(default=None, metadata={"help": "Supervised data of the ptx loss (ppo), in the same format."})
+    prompt_key: str = field(default="src", metadata={"help": "Column of data files holding the literal prompt."})
+    label_key: str = field(default="tgt", metadata={"help": "Column of data files holding the reference answer given to the reward."})
+    max_prompt_len: int = field(
+        default=4096,
+        metadata={"help": "Prompts with more tokens are truncated to their first max_prompt_len tokens (PaddleNLP), or skipped with filter_overlong_prompts."},
+    )
+    filter_overlong_prompts: bool = field(
+        default=False, metadata={"help": "Skip (and count) prompts over max_prompt_len tokens instead of truncating them."}
+    )
+    max_length: int = field(
+        default=2048, metadata={"help": "Upper bound of prompt plus response tokens; prompts are cut to max_length - max_dec_len when that is shorter."}
+    )
+    max_eval_samples: int = field(default=0, metadata={"help": "Evaluate on at most this many prompts (0: all)."})
+
+    def __post_init__(self):
+        for key in ("max_prompt_len", "max_length"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        if self.max_eval_samples < 0:
+            raise ValueError(f"max_eval_samples must be >= 0 (0: all), got {self.max_eval_samples}")
+
+
+@dataclass
+class ModelKernelArguments:
+    """PaddleNLP's fused-kernel switches of the models (paddlenlp's LlmMetaConfig keys), set on the model
+    configs at load. The fused kernels are GPU kernels: on CPU they are switched off, with a log line."""
+
+    use_flash_attention: bool = field(default=False, metadata={"help": "Flash attention in the models (GPU)."})
+    use_fused_rms_norm: bool = field(default=False, metadata={"help": "Fused RMSNorm kernel in the models (GPU)."})
+    use_fused_rope: bool = field(default=False, metadata={"help": "Fused rotary-embedding kernel in the models (GPU)."})
+    use_fused_linear: bool = field(
+        default=False, metadata={"help": "fused_gemm_epilogue linear layers (alias fused_linear); paddlenlp's Qwen2 and Llama do not read it."}
+    )
+    recompute_use_reentrant: Optional[bool] = field(
+        default=None, metadata={"help": "Reentrant recompute (paddle's recompute use_reentrant); default the model config's."}
+    )
+
+    def model_config_flags(self):
+        """The model-config attributes these keys set (recompute_use_reentrant only when given)."""
+        flags = {key: getattr(self, key) for key in FUSED_KERNEL_KEYS}
+        if self.recompute_use_reentrant is not None:
+            flags["recompute_use_reentrant"] = self.recompute_use_reentrant
+        return flags
+
+    def switch_off_gpu_kernels(self, on_accelerator):
+        for key in FUSED_KERNEL_KEYS:
+            if getattr(self, key) and not on_accelerator:
+                logger.info(f"{key}=True has no effect on CPU: it selects a fused GPU kernel")
+                setattr(self, key, False)
+        if self.use_fused_linear:
+            logger.info("use_fused_linear (fused_linear) has no effect: paddlenlp's Qwen2 and Llama layers do not read it")
+
+
+FUSED_KERNEL_KEYS = ("use_flash_attention", "use_fused_rms_norm", "use_fused_rope", "use_fused_linear")
+
+
+@dataclass
+class RLTrainingArguments(ModelKernelArguments, TrainingArguments):
+    rl_algorithm: str = field(
+        default="ppo", metadata={"help": "Advantage estimator (PaddleNLP's default ppo): " + ", ".join(ADVANTAGE_ESTIMATORS.names())}
+    )
+    rollout_n: int = field(default=1, metadata={"help": "Samples per prompt (alias: num_return_sequences)."})
+    per_device_prompt_batch_size: int = field(
+        default=16, metadata={"help": "Prompts per rank per RL step (set from global_batch_size when that is given)."}
+    )
+    global_batch_size: int = field(
+        default=-1, metadata={"help": "Prompts per RL step over all data-parallel ranks (PaddleNLP's newer key; -1: per_device_prompt_batch_size x ranks)."}
+    )
+    global_mini_batch_size: int = field(
+        default=-1,
+        metadata={"help": "Prompts per optimizer step over all ranks (alias mini_batch_size); sets gradient_accumulation_steps as PaddleNLP does (-1: global_batch_size)."},
+    )
+    global_gen_batch_size: int = field(
+        default=-1, metadata={"help": "With dynamic_sampling: prompts generated per batch over all ranks (-1: the RL step's prompts)."}
+    )
+    per_device_rollout_batch_size: int = field(
+        default=-1, metadata={"help": "Prompts decoded together (the rollout micro-batch; -1: all of the rank's prompts)."}
+    )
+    per_device_logprob_batch_size: int = field(
+        default=-1, metadata={"help": "Responses per forward of the old and reference log-probs (-1: per_device_train_batch_size)."}
+    )
+    per_device_reward_batch_size: int = field(
+        default=-1, metadata={"help": "Responses per forward of the reward model (-1: per_device_train_batch_size)."}
+    )
+    per_device_value_batch_size: int = field(
+        default=-1, metadata={"help": "Responses per forward of the critic's rollout values (-1: per_device_train_batch_size)."}
+    )
+    max_dec_len: int = field(default=512, metadata={"help": "Most tokens generated per response."})
+    min_dec_len: int = field(default=1, metadata={"help": "EOS is forbidden before this many tokens."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass during rollout."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature during rollout."})
+    repetition_penalty: float = field(default=1.0, metadata={"help": "CTRL-style repetition penalty during rollout."})
+    top_k: int = field(default=0, metadata={"help": "Sample among the k most likely tokens (0: no limit)."})
+    use_fusemt: bool = field(
+        default=True, metadata={"help": "Decode with the paddlenlp_ops fast loop when installed (else generate())."}
+    )
+    update_iters: int = field(default=1, metadata={"help": "Passes over each rollout batch."})
+    kl_loss_coeff: float = field(default=0.001, metadata={"help": "Weight of the KL-to-reference loss (0 disables the reference model)."})
+    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2 or k3."})
+    kl_coeff: float = field(
+        default=0.02,
+        metadata={"help": "Weight of the k1 KL penalty in the token rewards (ppo, reinforce_plus_plus; other algorithms ignore it, with a warning)."},
+    )
+    gamma: float = field(default=1.0, metadata={"help": "Discount of the token returns (ppo, reinforce_plus_plus)."})
+    lam: float = field(default=0.95, metadata={"help": "GAE lambda (ppo)."})
+    normalize_advantage: bool = field(default=False, metadata={"help": "Whiten GAE advantages over valid tokens (ppo; off for grpo, as in PaddleNLP)."})
+    normalize_reward: bool = field(
+        default=False, metadata={"help": "Normalise rewards by running mean and std over all ranks, kept in checkpoints (off for grpo, as in PaddleNLP)."}
+    )
+    clip_range_value: float = field(default=5.0, metadata={"help": "Critic values move at most this far from their rollout values (ppo)."})
+    ptx_coeff: float = field(default=0.0, metadata={"help": "Weight of the language-model loss on ptx_datasets (ppo)."})
+    missing_eos_penalty: float = field(default=0.0, metadata={"help": "Subtracted from the reward of responses that never emit EOS."})
+    dynamic_sampling: bool = field(
+        default=False, metadata={"help": "DAPO dynamic sampling: drop groups of equal rewards and generate more batches to fill the step."}
+    )
+    max_gen_batches: int = field(default=32, metadata={"help": "With dynamic_sampling: at most this many generated batches per step."})
+    pg_loss_coeff: float = field(default=1.0, metadata={"help": "Weight of the policy-gradient loss."})
+    critic_learning_rate: float = field(default=5e-6, metadata={"help": "Critic peak learning rate (ppo)."})
+    critic_min_learning_rate: float = field(default=0.0, metadata={"help": "The critic's schedule decays to this."})
+    critic_weight_decay: float = field(default=0.0, metadata={"help": "Critic AdamW weight decay."})
+    critic_lr_scheduler_type: str = field(default="constant", metadata={"help": "Critic schedule: linear, cosine or constant."})
+    critic_warmup_ratio: float = field(default=0.0, metadata={"help": "Share of steps of critic warm-up."})
+    critic_recompute: bool = field(default=False, metadata={"help": "Recompute critic activations in backward to save memory."})
+    recompute_granularity: str = field(
+        default="full", metadata={"help": "What the actor recomputes with recompute: full, full_attn or core_attn."}
+    )
+    critic_recompute_granularity: str = field(
+        default="full", metadata={"help": "What the critic recomputes: full, full_attn or core_attn (as recompute_granularity)."}
+    )
+    offload_level: str = field(
+        default="",
+        metadata={"help": "Keep in host memory except while used (GPU only): any of freeze_model, optimizer, train_model, space separated."},
+    )
+    offload_optim: bool = field(default=False, metadata={"help": "Offload the optimizer states (adds optimizer to offload_level)."})
+    policy_loss: str = field(default="ppo_clip", metadata={"help": "Policy loss: " + ", ".join(POLICY_LOSSES.names())})
+    entropy_coeff: float = field(default=0.0, metadata={"help": "Weight of the entropy bonus (0: off)."})
+    clip_range_ratio: float = field(default=0.2, metadata={"help": "PPO ratio clip, both sides unless _low/_high are given."})
+    clip_range_ratio_low: Optional[float] = field(default=None, metadata={"help": "Lower clip: ratio >= 1 - this."})
+    clip_range_ratio_high: Optional[float] = field(default=None, metadata={"help": "Upper clip: ratio <= 1 + this (DAPO clip-higher)."})
+    clip_ratio_c: float = field(
+        default=3.0,
+        metadata={"help": "Dual-clip PPO (ppo_clip): the loss of a negative-advantage token is at most -A x this (verl's key and default; 0: off)."},
+    )
+    clip_range_score: float = field(default=10.0, metadata={"help": "Rewards are clipped to [-this, this]."})
+    enable_overlong_reward_buffer: bool = field(default=False, metadata={"help": "DAPO's overlong penalty (overlong_reward_buffer)."})
+    overlong_reward_buffer: int = field(
+        default=256, metadata={"help": "With enable_overlong_reward_buffer: responses longer than max_dec_len - this are penalised."}
+    )
+    overlong_penalty_factor: float = field(default=1.0, metadata={"help": "Penalty of a response of max_dec_len tokens."})
+    loss_agg_mode: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "Loss aggregation over the optimizer step's tokens: " + ", ".join(LOSS_AGGREGATIONS.names())
+            + " (default token-mean; gspo always seq-mean-token-mean)."
+        },
+    )
+    norm_adv_by_std_in_grpo: bool = field(default=True, metadata={"help": "Divide group advantages by the group std (False: Dr.GRPO)."})
+    min_learning_rate: float = field(default=0.0, metadata={"help": "The schedule decays to this learning rate."})
+    decay_steps: Optional[int] = field(default=None, metadata={"help": "RL steps over which the schedule decays to min_learning_rate (default max_steps)."})
+    critic_decay_steps: Optional[int] = field(default=None, metadata={"help": "The critic's decay_steps (default max_steps)."})
+    eos_token: str = field(default="", metadata={"help": "A token that ends responses instead of the tokenizer's EOS (\"\": the tokenizer's)."})
+    autotuner_benchmark: bool = field(
+        default=False, metadata={"help": "PaddleNLP's benchmark run: 5 steps of full-length responses, no evaluation, checkpoints or reports."}
+    )
+    use_rm_server: bool = field(default=False, metadata={"help": "Score responses with the reward server."})
+    reward_server: str = field(default="http://127.0.0.1:8731", metadata={"help": "URL of the reward server."})
+    reward_server_timeout: float = field(default=60.0, metadata={"help": "Seconds to wait for one reward request."})
+    reward_server_max_retries: int = field(
+        default=3, metadata={"help": "Retries of a reward request that met an outage (no answer, timeout, 5xx without a protocol error), with exponential backoff, before the run stops."}
+    )
+    use_rule_reward: bool = field(default=False, metadata={"help": "Score responses in-process with the rule reward of reward_task."})
+    reward_task: Optional[str] = field(
+        default=None,
+        metadata={"help": "Rule reward task: " + ", ".join(sorted(REWARD_TASKS)) + " (default math, GSM8K answers, for use_rule_reward as in PaddleNLP; the server's /health task for use_rm_server)."},
+    )
+    rollout_mode: str = field(
+        default="colocated",
+        metadata={"help": "colocated: the trainer samples each batch itself; decoupled: sampler processes on rollout_devices sample the next batches while the trainer learns."},
+    )
+    max_staleness: int = field(
+        default=1, metadata={"help": "Decoupled rollout: a batch is sampled by the policy of at most this many RL steps before the one that trains on it."}
+    )
+    rollout_devices: str = field(
+        default="", metadata={"help": "Decoupled rollout: one sampler per entry, comma separated GPU ids not used for training (e.g. 6,7) or cpu (default on CPU: cpu)."}
+    )
+    rollout_dir: str = field(
+        default="", metadata={"help": "Decoupled rollout: folder of the published policy weights and the samplers' logs (default output_dir/rollout; a tmpfs such as /dev/shm is fastest)."}
+    )
+    rollout_timeout: float = field(
+        default=1800.0, metadata={"help": "Decoupled rollout: seconds the trainer waits for a sampler's batch, or a sampler for weights, before it stops."}
+    )
+    dataloader_shuffle: bool = field(default=True, metadata={"help": "Shuffle the prompts (each epoch anew, from the seed)."})
+    sample_log_interval: int = field(default=5, metadata={"help": "Write a table of sample completions every logging_steps * this steps."})
+    num_sample_logs: int = field(default=4, metadata={"help": "Rows in each sample table."})
+
+    def __post_init__(self):
+        # As written: paddlenlp's post-init turns any evaluation_strategy into do_eval.
+        self.evaluation_only = bool(self.do_eval and not self.do_train)
+        self.apply_paddlenlp_switches()
+        self.validate_scale_out()
+        super().__post_init__()
+        self.lr_scheduler_type = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
+        self.critic_lr_scheduler_type = getattr(self.critic_lr_scheduler_type, "value", self.critic_lr_scheduler_type)
+        self.evaluation_strategy = getattr(self.evaluation_strategy, "value", self.evaluation_strategy)
+        self.save_strategy = getattr(self.save_strategy, "value", self.save_strategy)
+        if self.clip_range_ratio_low is None:
+            self.clip_range_ratio_low = self.clip_range_ratio
+        if self.clip_range_ratio_high is None:
+            self.clip_range_ratio_high = self.clip_range_ratio
+        self.resolve_batch_sizes()
+        self.validate_rl()
+
+    def apply_paddlenlp_switches(self):
+        """PaddleNLP's keys that switch other keys: autotuner_benchmark, offload_optim, and grpo's reward and
+        advantage normalisation (off: the group baseline normalises)."""
+        if self.autotuner_benchmark:
+            logger.info(
+                "autotuner_benchmark: 5 steps of max_dec_len-token responses without evaluation, checkpoints or "
+                "reports (PaddleNLP's benchmark run; the weights still load from their paths)"
+            )
+            self.max_steps, self.num_train_epochs, self.do_train, self.do_eval = 5, 1, True, False
+            self.evaluation_only, self.evaluation_strategy, self.save_strategy = False, "no", "no"
+            self.report_to, self.min_dec_len = ["none"], self.max_dec_len
+        if self.offload_optim:
+            self.offload_level = f"{self.offload_level} optimizer"
+        if self.rl_algorithm == "grpo":
+            for key in ("normalize_reward", "normalize_advantage"):
+                if getattr(self, key):
+                    logger.info(f"{key}=True has no effect with rl_algorithm=grpo: the group baseline normalises (as in PaddleNLP)")
+                    setattr(self, key, False)
+
+    def resolve_batch_sizes(self):
+        """PaddleNLP's global batch keys in this project's per-rank ones: global_batch_size prompts per step
+        over the dataset_world_size data ranks; global_mini_batch_size prompts per optimizer step, which sets
+        gradient_accumulation_steps = global_mini_batch_size x rollout_n x update_iters /
+        (per_device_train_batch_size x dataset_world_size) as PaddleNLP computes it; -1 batch sizes of the
+        rollout, log-prob, reward and value passes take PaddleNLP's defaults."""
+        ranks = self.dataset_world_size
+        if self.global_batch_size > 0 or self.global_mini_batch_size > 0:
+            if self.global_batch_size <= 0:
+                self.global_batch_size = self.per_device_prompt_batch_size * ranks
+            if self.global_mini_batch_size <= 0:
+                self.global_mini_batch_size = self.global_batch_size
+            for key in ("global_batch_size", "global_mini_batch_size"):
+                if getattr(self, key) % ranks:
+                    raise ValueError(f"{key}={getattr(self, key)} must divide over the {ranks} data-parallel ranks (dataset_world_size)")
+            self.per_device_prompt_batch_size = self.global_batch_size // ranks
+            responses = self.global_mini_batch_size * self.rollout_n * self.update_iters
+            accumulate = responses // (self.per_device_train_batch_size * ranks)
+            if accumulate <= 0 or responses % (self.per_device_train_batch_size * ranks):
+                raise ValueError(
+                    f"global_mini_batch_size={self.global_mini_batch_size} x rollout_n={self.rollout_n} x update_iters="
+                    f"{self.update_iters} responses must split into micro-batches of per_device_train_batch_size="
+                    f"{self.per_device_train_batch_size} on each of {ranks} data-parallel ranks"
+                )
+            if self.gradient_accumulation_steps not in (1, accumulate):
+                raise ValueError(
+                    f"gradient_accumulation_steps={self.gradient_accumulation_steps} contradicts global_mini_batch_size="
+                    f"{self.global_mini_batch_size}, which sets it to {accumulate}: give one of them"
+                )
+            self.gradient_accumulation_steps = accumulate
+            logger.info(
+                f"global_batch_size={self.global_batch_size}, global_mini_batch_size={self.global_mini_batch_size}: "
+                f"per_device_prompt_batch_size={self.per_device_prompt_batch_size}, gradient_accumulation_steps={accumulate}"
+            )
+        if self.per_device_rollout_batch_size <= 0:
+            self.per_device_rollout_batch_size = self.per_device_prompt_batch_size
+        for key in ("per_device_logprob_batch_size", "per_device_reward_batch_size", "per_device_value_batch_size"):
+            if getattr(self, key) <= 0:
+                setattr(self, key, self.per_device_train_batch_size)
+
+    @property
+    def generation_batch_size(self):
+        """Prompts per rank per generated batch: with dynamic sampling global_gen_batch_size's share, else
+        the step's prompts."""
+        if self.dynamic_sampling and self.global_gen_batch_size > 0:
+            return self.global_gen_batch_size // self.dataset_world_size
+        return self.per_device_prompt_batch_size
+
+    @property
+    def kl_in_reward(self):
+        """The token rewards carry a KL penalty, which needs the rollout policy's and the reference's log-probs."""
+        return ADVANTAGE_ESTIMATORS.traits(self.rl_algorithm).kl_in_reward and self.kl_coeff > 0
+
+    @property
+    def uses_critic(self):
+        return ADVANTAGE_ESTIMATORS.traits(self.rl_algorithm).critic
+
+    @property
+    def uses_reference_model(self):
+        return self.kl_loss_coeff > 0 or self.kl_in_reward
+
+    @property
+    def rollout_batch_size(self):
+        """Responses generated per rank per RL step."""
+        return self.per_device_prompt_batch_size * self.rollout_n
+
+    @property
+    def optimizer_steps_per_rl_step(self):
+        micro_batches = self.rollout_batch_size // self.per_device_train_batch_size
+        return self.update_iters * micro_batches // self.gradient_accumulation_steps
+
+    def validate_scale_out(self):
+        """The parallel layout, offload groups and recompute granularities."""
+        check_launch_layout(self)
+        self.switch_off_gpu_kernels(runs_on_accelerator(self))
+        self.offload_level = " ".join(sorted(parse_offload_level(self.offload_level)))
+        for key in ("recompute_granularity", "critic_recompute_granularity"):
+            if getattr(self, key) not in RECOMPUTE_GRANULARITIES:
+                raise ValueError(f"{key}={getattr(self, key)!r}: choose from {RECOMPUTE_GRANULARITIES}")
+
+    def resolve_loss_agg_mode(self):
+        """An unset loss_agg_mode is token-mean; a policy loss defined with its own aggregation (gspo: per
+        sequence) always gets it, with a warning when the config asks for another."""
+        if self.policy_loss not in POLICY_LOSSES.names():
+            return  # validate_rl names the key
+        required = POLICY_LOSSES.traits(self.policy_loss).loss_agg_mode
+        if required and self.loss_agg_mode not in (None, required):
+            logger.warning(
+                f"policy_loss={self.policy_loss} is defined per sequence: loss_agg_mode={self.loss_agg_mode!r} "
+                f"is replaced by {required!r} (the GSPO paper; verl's compute_policy_loss_gspo)"
+            )
+        self.loss_agg_mode = required or self.loss_agg_mode or "token-mean"
+
+    def validate_rl(self):
+        self.resolve_loss_agg_mode()
+        choices = {
+            "rl_algorithm": ADVANTAGE_ESTIMATORS,
+            "kl_estimator": KL_ESTIMATORS,
+            "policy_loss": POLICY_LOSSES,
+            "loss_agg_mode": LOSS_AGGREGATIONS,
+            "lr_scheduler_type": LR_SCHEDULES,
+            "critic_lr_scheduler_type": LR_SCHEDULES,
+        }
+        for key, registry in choices.items():
+            value = getattr(self, key)
+            if value not in registry.names():
+                raise ValueError(f"{key}={value!r} is not available; choose from {registry.names()}")
+        positive = [
+            "rollout_n", "per_device_prompt_batch_size", "max_dec_len", "update_iters", "sample_log_interval",
+            "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "reward_server_timeout",
+            "per_device_rollout_batch_size", "per_device_logprob_batch_size", "per_device_reward_batch_size",
+            "per_device_value_batch_size", "max_gen_batches", "generation_batch_size",
+        ]
+        for key in positive:
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        for key in ("decay_steps", "critic_decay_steps"):
+            if getattr(self, key) is not None and getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive (or unset: max_steps), got {getattr(self, key)}")
+        if self.max_steps <= 0 and not (self.max_steps == -1 and self.num_train_epochs > 0):
+            raise ValueError(
+                f"max_steps={self.max_steps}: give a positive max_steps, or max_steps -1 with num_train_epochs > 0 "
+                "(the steps of that many passes over train_datasets)"
+            )
+        if self.dynamic_sampling and self.global_gen_batch_size > 0 and self.global_gen_batch_size % self.dataset_world_size:
+            raise ValueError(
+                f"global_gen_batch_size={self.global_gen_batch_size} must divide over the {self.dataset_world_size} data-parallel ranks"
+            )
+        if self.reward_task is None and self.use_rule_reward:
+            logger.info("use_rule_reward without reward_task scores with the math rule (GSM8K answers, as PaddleNLP's rule reward)")
+            self.reward_task = "math"
+        if self.clip_ratio_c and self.clip_ratio_c <= 1:
+            raise ValueError(f"clip_ratio_c={self.clip_ratio_c} must be > 1 (dual clip caps the loss at -A x clip_ratio_c), or 0 for off")
+        if ADVANTAGE_ESTIMATORS.traits(self.rl_algorithm).group_baseline and self.rollout_n < 2:
+            raise ValueError(
+                f"rollout_n={self.rollout_n}: {self.rl_algorithm} compares samples of one prompt, so it needs rollout_n >= 2"
+            )
+        if not 0 <= self.min_dec_len <= self.max_dec_len:
+            raise ValueError(f"min_dec_len={self.min_dec_len} must lie in [0, max_dec_len={self.max_dec_len}]")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: no limit), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        for key in [
+            "clip_range_ratio_low", "clip_range_ratio_high", "clip_range_score", "kl_loss_coeff", "entropy_coeff",
+            "kl_coeff", "overlong_penalty_factor", "reward_server_max_retries", "clip_range_value", "ptx_coeff", "pg_loss_coeff",
+            "missing_eos_penalty", "critic_weight_decay", "clip_ratio_c", "save_steps", "eval_steps",
+            "logging_steps", "save_total_limit", "num_sample_logs", "learning_rate", "weight_decay", "warmup_steps",
+            "max_grad_norm", "critic_learning_rate",
+        ]:
+            if getattr(self, key) is not None and getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.clip_range_ratio_low >= 1:
+            raise ValueError(f"clip_range_ratio_low={self.clip_range_ratio_low} must be < 1 (ratios are positive)")
+        if self.enable_overlong_reward_buffer and not 0 <= self.overlong_reward_buffer <= self.max_dec_len:
+            raise ValueError(
+                f"overlong_reward_buffer={self.overlong_reward_buffer} must lie in [0, max_dec_len={self.max_dec_len}]"
+            )
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"gamma must lie in (0, 1], got {self.gamma}")
+        if not 0 <= self.lam <= 1:
+            raise ValueError(f"lam must lie in [0, 1], got {self.lam}")
+        if self.dynamic_sampling and self.rollout_n < 2:
+            raise ValueError("dynamic_sampling filters groups of samples, so it needs rollout_n >= 2")
+        if not 0 <= self.critic_min_learning_rate <= self.critic_learning_rate:
+            raise ValueError(
+                f"critic_min_learning_rate={self.critic_min_learning_rate} must lie in [0, critic_learning_rate={self.critic_learning_rate}]"
+            )
+        if not 0 <= self.critic_warmup_ratio < 1:
+            raise ValueError(f"critic_warmup_ratio must lie in [0, 1), got {self.critic_warmup_ratio}")
+        if not 0 <= self.min_learning_rate <= self.learning_rate:
+            raise ValueError(f"min_learning_rate={self.min_learning_rate} must lie in [0, learning_rate={self.learning_rate}]")
+        if self.reward_task is not None and self.reward_task not in REWARD_TASKS:
+            raise ValueError(f"reward_task={self.reward_task!r} is not registered; choose from {sorted(REWARD_TASKS)}")
+        self.validate_rollout_mode()
+        if self.rollout_batch_size % self.per_device_train_batch_size:
+            raise ValueError(
+                f"per_device_prompt_batch_size * rollout_n = {self.rollout_batch_size} responses must split into "
+                f"micro-batches of per_device_train_batch_size={self.per_device_train_batch_size}"
+            )
+        micro_batches = self.rollout_batch_size // self.per_device_train_batch_size
+        if (self.update_iters * micro_batches) % self.gradient_accumulation_steps:
+            raise ValueError(
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps} must divide the "
+                f"{self.update_iters * micro_batches} micro-batches of one RL step (update_iters * rollout_batch / per_device_train_batch_size)"
+            )
+
+    @property
+    def sampler_devices(self):
+        """Decoupled rollout: the device of each sampler process ("cpu" or a GPU id)."""
+        return [device.strip() for device in self.rollout_devices.split(",") if device.strip()]
+
+    def validate_rollout_mode(self):
+        if self.rollout_mode not in ROLLOUT_MODES:
+            raise ValueError(f"rollout_mode={self.rollout_mode!r}: choose from {ROLLOUT_MODES}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.rollout_timeout <= 0:
+            raise ValueError(f"rollout_timeout must be positive, got {self.rollout_timeout}")
+        if self.rollout_mode != "decoupled":
+            return
+        for key in ("tensor_parallel_degree", "pipeline_parallel_degree"):
+            if getattr(self, key) > 1:
+                raise ValueError(
+                    f"rollout_mode=decoupled samples with a whole policy on each rollout device: {key}={getattr(self, key)} "
+                    "is not supported with it (use data parallel or sharding stage1 for the trainer)"
+                )
+        if not self.rollout_devices:
+            if runs_on_accelerator(self):
+                raise ValueError(
+                    "rollout_mode=decoupled needs rollout_devices: the GPU ids its samplers use, apart from the "
+                    "training devices (e.g. --devices 0,1,2,3,4,5 for training and rollout_devices 6,7)"
+                )
+            self.rollout_devices = "cpu"
+        for device in self.sampler_devices:
+            if device != "cpu" and not device.isdigit():
+                raise ValueError(f"rollout_devices={self.rollout_devices!r}: each entry is a GPU id or cpu, got {device!r}")
+        self.rollout_dir = self.rollout_dir or os.path.join(self.output_dir, "rollout")
+
+
+def check_parallel_degrees(args, world_size, on_accelerator):
+    """Parallel degrees against the launched processes, before paddlenlp's own asserts: tensor x pipeline
+    (x sharding) ranks must divide the world. Tensor parallel (Paddle's auto-parallel plan,
+    models/tensor_parallel.py) runs alone; sharding stage 1 runs with data parallel, on CPU too; stages 2
+    and 3 (paddle's group_sharded_parallel) need GPUs."""
+    sharding = args.sharding not in ("", [], None, False)
+    degrees = {
+        "tensor_parallel_degree": max(args.tensor_parallel_degree, 1),
+        "pipeline_parallel_degree": max(args.pipeline_parallel_degree, 1),
+        "sharding_parallel_degree": max(args.sharding_parallel_degree, 1) if sharding else 1,
+    }
+    used = {key: value for key, value in degrees.items() if value > 1}
+    replica = math.prod(degrees.values())
+    if world_size % replica:
+        product = " x ".join(f"{key}={value}" for key, value in used.items())
+        raise ValueError(
+            f"{product} = {replica} ranks per data-parallel replica does not divide the {world_size} launched "
+            "process(es) (paddle.distributed.launch --devices / --nproc_per_node)"
+        )
+    tensor_parallel = degrees["tensor_parallel_degree"]
+    if args.sequence_parallel:
+        logger.info(
+            "sequence_parallel=True has no effect: "
+            + ("the tensor-parallel plan splits weights, not activations" if tensor_parallel > 1 else "tensor_parallel_degree is 1")
+        )
+        args.sequence_parallel = False
+    if tensor_parallel > 1 and world_size != tensor_parallel:
+        raise ValueError(
+            f"tensor_parallel_degree={tensor_parallel} over {world_size} launched processes: tensor parallel runs "
+            "alone (every process in one tensor-parallel group), without data parallel or sharding; launch "
+            f"{tensor_parallel} processes, or use sharding stage1 over all of them"
+        )
+    stages = set(args.sharding) if isinstance(args.sharding, (list, tuple)) else set(str(args.sharding or "").split())
+    sharding_ranks = args.sharding_parallel_degree if args.sharding_parallel_degree > 0 else world_size // replica
+    if sharding and sharding_ranks <= 1:
+        logger.info(f"sharding={args.sharding} over one rank has no effect (sharding_parallel_degree={args.sharding_parallel_degree})")
+        args.sharding = ""
+    elif sharding and stages - {"stage1"} and not on_accelerator:
+        raise ValueError(
+            f"sharding={args.sharding}: stages 2 and 3 (paddle's group_sharded_parallel) need GPUs; "
+            "on CPU use sharding stage1"
+        )
+
+
+def refuse_tensor_parallel(args, stage):
+    """SFT and reward-model training run data parallel and sharding stage1: paddlenlp's Trainer would wrap
+    a model split by the tensor-parallel plan in fleet's TP wrappers, which expect fleet's own TP layers."""
+    if args.tensor_parallel_degree > 1:
+        raise ValueError(
+            f"tensor_parallel_degree={args.tensor_parallel_degree}: {stage} runs data parallel and sharding stage1; "
+            "tensor parallel is run_ppo's"
+        )
+
+
+def check_launch_layout(args):
+    """`check_parallel_degrees` for this launch (its process count, whether it runs on an accelerator), after
+    refusing pipeline parallel, which neither the RL loop nor reward-model training drives yet."""
+    if args.pipeline_parallel_degree > 1:
+        raise ValueError(
+            f"pipeline_parallel_degree={args.pipeline_parallel_degree}: training does not run pipeline-parallel "
+            "models yet (the pipe policy and value models of models/model_pp.py are checked single-stage only); "
+            "split large models with tensor_parallel_degree and sharding instead"
+        )
+    check_parallel_degrees(args, paddle.distributed.get_world_size(), runs_on_accelerator(args))
+
+
+def runs_on_accelerator(args):
+    return args.device != "cpu" and paddle.device.get_device() != "cpu"
+
+
+ARGUMENT_CLASSES = (ModelArgument, DataArgument, RLTrainingArguments)
+
+
+def parse_arguments(argv, argument_classes=ARGUMENT_CLASSES):
+    """`argv` = [config.json or config.yaml, --key value ...]: the file first, command-line overrides after
+    it. PaddleNLP's other key names are mapped to this project's (ALIASES), its keys without effect here are
+    logged and dropped (NO_EFFECT), and unknown keys stop the run naming the closest known key."""
+    if not argv or not argv[0].endswith((".json", ".yaml", ".yml")):
+        raise ValueError("usage: <script> CONFIG.json|CONFIG.yaml [--key value ...]")
+    valid = {f.name for cls in argument_classes for f in dataclasses.fields(cls) if f.init}
+    options = split_options(config_tokens(read_config(argv[0])) + list(argv[1:]))
+    options = [(ALIASES.get(key, key), values) for key, values in options]
+    options = drop_keys_without_effect(options, valid)
+    for key, _ in options:
+        if key not in valid:
+            hint = difflib.get_close_matches(key, valid, n=1)
+            raise ValueError(f"unknown config key {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else ""))
+    tokens = [token for key, values in options for token in (f"--{key}", *values)]
+    parsed = PdArgumentParser(argument_classes).parse_args_into_dataclasses(args=tokens, look_for_args_file=False)
+    validate_across(parsed, given=dict(options))
+    return parsed
+
+
+def validate_across(parsed, given=None):
+    """Checks that involve keys of more than one argument class, or what the config wrote (`given`: key ->
+    value tokens)."""
+    given = given or {}
+    model_args = next((a for a in parsed if isinstance(a, ModelArgument)), None)
+    data_args = next((a for a in parsed if isinstance(a, DataArgument)), None)
+    training_args = next((a for a in parsed if isinstance(a, RLTrainingArguments)), None)
+    if model_args and training_args:
+        sources = [training_args.use_rm_server, training_args.use_rule_reward, model_args.reward_model_name_or_path is not None]
+        if sum(sources) != 1:
+            raise ValueError(
+                "set exactly one reward source: use_rm_server (reward server), use_rule_reward (in-process rule) "
+                "or reward_model_name_or_path (reward model)"
+            )
+    if model_args and not model_args.lora:
+        for key in ("lora_path", "lora_target_modules", "lora_save_merged"):
+            if getattr(model_args, key):
+                raise ValueError(f"{key}={getattr(model_args, key)!r} applies to LoRA adapters: set lora true")
+    if model_args and model_args.lora and model_args.lora_rank <= 0:
+        raise ValueError(f"lora_rank must be positive, got {model_args.lora_rank}")
+    if model_args and training_args and model_args.lora and training_args.tensor_parallel_degree > 1:
+        raise ValueError(
+            f"lora with tensor_parallel_degree={training_args.tensor_parallel_degree}: the tensor-parallel plan splits "
+            "the base layers LoRA wraps; train LoRA adapters with data parallel or sharding stage1"
+        )
+    if data_args and training_args:
+        check_ptx(data_args, training_args)
+        fit_prompts(data_args, training_args)
+    if training_args:
+        note_keys_without_effect(training_args, given, data_args)
+
+
+def check_ptx(data_args, training_args):
+    """ptx data needs its coefficient; a coefficient without data (PaddleNLP's GRPO config) does nothing."""
+    if data_args.ptx_datasets and training_args.ptx_coeff <= 0:
+        raise ValueError(f"ptx_datasets={data_args.ptx_datasets!r} needs ptx_coeff > 0, the weight of its loss")
+    if training_args.ptx_coeff > 0 and not data_args.ptx_datasets:
+        logger.info(f"ptx_coeff={training_args.ptx_coeff} has no effect without ptx_datasets")
+        training_args.ptx_coeff = 0.0
+
+
+def fit_prompts(data_args, training_args):
+    """Prompts are cut to max_length - max_dec_len tokens when max_prompt_len leaves no room for a whole response."""
+    room = data_args.max_length - training_args.max_dec_len
+    if room <= 0:
+        raise ValueError(f"max_dec_len={training_args.max_dec_len} leaves no room for a prompt in max_length={data_args.max_length}")
+    if data_args.max_prompt_len > room:
+        logger.info(
+            f"max_prompt_len={data_args.max_prompt_len} + max_dec_len={training_args.max_dec_len} exceeds "
+            f"max_length={data_args.max_length}: prompts are limited to {room} tokens"
+        )
+        data_args.max_prompt_len = room
+
+
+def note_keys_without_effect(args, given, data_args):
+    """One log line for each key the config wrote that its switch leaves without effect, and the
+    conflicts between PaddleNLP's global batch keys and this project's per-rank ones."""
+    switched = {
+        "max_gen_batches": ("dynamic_sampling", args.dynamic_sampling),
+        "global_gen_batch_size": ("dynamic_sampling", args.dynamic_sampling),
+        "overlong_reward_buffer": ("enable_overlong_reward_buffer", args.enable_overlong_reward_buffer),
+        "overlong_penalty_factor": ("enable_overlong_reward_buffer", args.enable_overlong_reward_buffer),
+    }
+    for key, (switch, on) in switched.items():
+        if key in given and not on:
+            logger.info(f"{key}={getattr(args, key)} has no effect without {switch}=True")
+    if "kl_coeff" in given and args.kl_coeff > 0 and not ADVANTAGE_ESTIMATORS.traits(args.rl_algorithm).kl_in_reward:
+        logger.warning(
+            f"kl_coeff={args.kl_coeff} has no effect with rl_algorithm={args.rl_algorithm}: it puts a KL penalty in "
+            "the token rewards of ppo and reinforce_plus_plus; use kl_loss_coeff for a KL loss"
+        )
+    if "num_train_epochs" in given and args.max_steps > 0:
+        logger.info(f"max_steps={args.max_steps} sets the run's length; num_train_epochs={args.num_train_epochs} has no effect")
+    if "eval_steps" in given and args.evaluation_strategy == "no" and data_args and data_args.eval_datasets:
+        logger.info("evaluation_strategy is 'no' (PaddleNLP's default): eval_datasets are not evaluated; set evaluation_strategy steps")
+    if "per_device_prompt_batch_size" in given and "global_batch_size" in given:
+        written = int(given["per_device_prompt_batch_size"][0])
+        if written != args.per_device_prompt_batch_size:
+            raise ValueError(
+                f"per_device_prompt_batch_size={written} contradicts global_batch_size={args.global_batch_size} over "
+                f"{args.dataset_world_size} data-parallel ranks ({args.per_device_prompt_batch_size} per rank): give one of them"
+            )

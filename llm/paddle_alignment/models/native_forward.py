@@ -1,0 +1,168 @@
+"""The no-gradient forward of a paddlenlp Qwen2/Llama causal LM in one custom op per pass
+(`native_decoder_forward`, csrc/decoder_ops.cc): the rollout's decode loop and the reference/old log-probs
+need no autograd, and eager Paddle spends most of their time dispatching hundreds of small ops.
+
+`NativeDecoder.for_model(model)` gathers the model's weights once (q/k/v and gate/up concatenated, as the
+static-cache decoder does), or returns None, saying once why, where the op does not apply: the op is not
+built, PADDLE_ALIGNMENT_FUSED_KERNELS=off (Paddle's own ops, for comparison) or
+PADDLE_ALIGNMENT_NATIVE_FORWARD=off (the eager passes with the fused kernels), or the model is not a
+float32 CPU Qwen2/Llama on one device without LoRA adapters. Callers then run the model's own forward.
+
+- `response_logits(input_ids, attention_mask, prompt_len)`: the trainer's log-prob pass, positions counted
+  over real tokens (`position_ids_from_mask`), logits of the positions that predict the response only;
+- `NativeCacheSession`: the static-cache decode loop's forward (models/static_cache_decoder.py), positions
+  i of the left-padded batch being i for every row, keys and values kept in one cache tensor.
+
+Results equal paddlenlp's forward to 1e-5 (float32) on every position a caller reads. A query with no
+visible key (a left-padding position) gets a zero attention output where paddlenlp averages over the
+masked keys; nothing reads those positions.
+"""
+
+import logging
+import os
+from functools import lru_cache
+
+import paddle
+
+from paddle_alignment.algos.token_stats import position_ids_from_mask
+from paddle_alignment.custom_ops import paddlenlp_ops_with
+from paddle_alignment.models.fused_kernels import fused_ops
+from paddle_alignment.models.lora_utils import is_lora
+from paddle_alignment.models.decoder_weights import LayerWeights, LMHead, unsupported_reason
+from paddle_alignment.models.tensor_parallel import is_tensor_parallel
+
+logger = logging.getLogger(__name__)
+
+NATIVE_OPS = ("native_decoder_forward",)
+SWITCH = "PADDLE_ALIGNMENT_NATIVE_FORWARD"
+
+
+def native_ops():
+    """The `paddlenlp_ops` module with the native decoder op, else None (said once); None too with
+    PADDLE_ALIGNMENT_FUSED_KERNELS=off or PADDLE_ALIGNMENT_NATIVE_FORWARD=off (this op alone off)."""
+    if fused_ops() is None or os.environ.get(SWITCH, "on").lower() == "off":
+        return None
+    return paddlenlp_ops_with(NATIVE_OPS, "no-gradient passes run on Paddle's ops")
+
+
+@lru_cache(maxsize=None)
+def warn_unsupported(reason):
+    logger.warning(f"native forward unavailable ({reason}): the pass runs on Paddle's ops")
+
+
+def native_unsupported_reason(model):
+    """Why the native op cannot run `model`, or None when it can."""
+    if is_lora(model):
+        return "LoRA-wrapped models run their adapters in their own forward"
+    reason = unsupported_reason(model)
+    if reason is not None:
+        return reason
+    if is_tensor_parallel(model):
+        return "tensor-parallel models"
+    config = model.config
+    if getattr(config, "alibi", False) or not getattr(config, "rope", True):
+        return "only rotary position embeddings are supported"
+    if getattr(config, "use_sliding_window", False):
+        return "sliding-window attention is not supported"
+    if model.training and getattr(config, "attention_dropout", 0.0) > 0:
+        return "attention dropout in training mode"
+    if any(p.dtype != paddle.float32 or not p.place.is_cpu_place() for p in model.parameters()):
+        return "only float32 CPU weights are supported"
+    for layer in getattr(model, model.base_model_prefix).layers:
+        linears = [layer.self_attn.o_proj, layer.mlp.down_proj]
+        linears += [] if getattr(layer.mlp, "fuse_attention_ffn", False) else [layer.mlp.gate_proj, layer.mlp.up_proj]
+        if any(linear.bias is not None for linear in linears):
+            return "biases on o/gate/up/down projections are not supported"
+    return None
+
+
+class NativeDecoder:
+    """A model's weights in the op's order, gathered once per pass."""
+
+    def __init__(self, model, ops):
+        self.ops = ops
+        base = getattr(model, model.base_model_prefix)
+        layers = [LayerWeights(layer, group=None) for layer in base.layers]
+        self.has_qkv_bias = layers[0].qkv_bias is not None
+        lm_head = LMHead(model.lm_head, group=None)
+        self.transpose_lm_head = lm_head.transpose
+        self.weights = [w for layer in layers for w in self.layer_weights(layer)]
+        self.weights += [base.embed_tokens.weight, base.norm.weight, lm_head.weight]
+        self.epsilon = float(base.norm.variance_epsilon)
+        attention = base.layers[0].self_attn
+        self.rotary_emb = attention.rotary_emb
+        self.cache_shape = [len(layers), 2, None, attention.num_key_value_heads, None, attention.head_dim]
+
+    def layer_weights(self, layer):
+        bias = [layer.qkv_bias] if self.has_qkv_bias else []
+        return [layer.input_norm.weight, layer.qkv_weight, *bias, layer.o_proj.weight, layer.post_norm.weight,
+                layer.gate_up_weight, layer.down_proj.weight]
+
+    @classmethod
+    def for_model(cls, model):
+        """The native forward of `model`, or None (with one warning saying why) where it does not apply."""
+        ops = native_ops()
+        if ops is None:
+            return None
+        reason = native_unsupported_reason(model)
+        if reason is not None:
+            warn_unsupported(reason)
+            return None
+        return cls(model, ops)
+
+    def rope_tables(self, length):
+        """cos and sin of positions [0, length): [length, head_dim] float32 (the model's own tables)."""
+        probe = paddle.empty([1], dtype="float32")
+        cos, sin = self.rotary_emb(probe, seq_len=length)
+        return cos.reshape([length, -1]), sin.reshape([length, -1])
+
+    def new_cache(self, batch, length):
+        """Keys and values of every layer: [layers, 2, batch, kv_heads, length, head_dim]."""
+        layers, _, _, kv_heads, _, head_dim = self.cache_shape
+        return paddle.empty([layers, 2, batch, kv_heads, length, head_dim], dtype="float32")
+
+    def __call__(self, input_ids, position_ids, key_valid, cache, rope, start, logits_start, logits_end):
+        """Logits [B, logits_end - logits_start, V] of the new tokens `input_ids` [B, S] at cache positions
+        [start, start + S); see csrc/decoder_ops.cc."""
+        return self.ops.native_decoder_forward(
+            input_ids, position_ids, key_valid, cache, *rope, self.weights, start, self.epsilon, self.has_qkv_bias,
+            self.transpose_lm_head, logits_start, logits_end,
+        )
+
+    def response_logits(self, input_ids, attention_mask, prompt_len):
+        """Logits that predict each response token of left-padded prompts + responses: [B, R, V] (the
+        trainer's `response_logits`, positions counted over real tokens)."""
+        batch, length = input_ids.shape
+        attention_mask = attention_mask.astype("int64")
+        return self(
+            input_ids.astype("int64"), position_ids_from_mask(attention_mask), attention_mask,
+            self.new_cache(batch, length), self.rope_tables(length), 0, prompt_len - 1, length - 1,
+        )
+
+
+class NativeCacheSession:
+    """The static-cache decode loop's forward on the native op: forward(input_ids [B, L]) -> logits of the
+    last position [B, V], appending to one cache of `max_len` positions; position i of the left-padded
+    batch is i for every row, and prompt padding is masked."""
+
+    def __init__(self, decoder, batch_size, max_len, prompt_mask):
+        self.decoder, self.batch_size = decoder, batch_size
+        self.cache = decoder.new_cache(batch_size, max_len)
+        generated = paddle.ones([batch_size, max_len - prompt_mask.shape[1]], dtype="int64")
+        self.key_valid = paddle.concat([prompt_mask.astype("int64"), generated], axis=1)
+        self.rope = decoder.rope_tables(max_len)
+        self.position = 0
+
+    def forward(self, input_ids):
+        start, length = self.position, input_ids.shape[1]
+        positions = paddle.arange(start, start + length, dtype="int64").unsqueeze(0).tile([self.batch_size, 1])
+        logits = self.decoder(input_ids.astype("int64"), positions, self.key_valid, self.cache, self.rope, start,
+                              length - 1, length)
+        self.position = start + length
+        return logits.reshape([self.batch_size, -1])
+
+    def repeat_rows(self, copies):
+        """See StaticCacheDecoder.repeat_rows."""
+        self.cache = paddle.repeat_interleave(self.cache, copies, axis=2)
+        self.key_valid = paddle.repeat_interleave(self.key_valid, copies, axis=0)
+        self.batch_size *= copies

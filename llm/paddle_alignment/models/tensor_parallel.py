@@ -1,0 +1,124 @@
+"""Tensor parallel through Paddle's auto-parallel plan, one implementation on CPU and GPU.
+
+Every model loads whole (`from_pretrained` without paddlenlp's fleet TP layers, whose `c_identity` and
+`all_reduce_on_calc_stream` have no CPU/gloo kernel) and is then split over the tensor-parallel group by
+`dist.parallelize`: q/k/v and gate/up column-wise, o/down row-wise, and, when the vocabulary divides
+and the LM head is not tied to the embedding, the embedding and LM head over the vocabulary. The
+parameters become distributed tensors; Paddle's engine inserts the collectives of the forward and
+backward passes (the vocab-parallel softmax of the log-probs among them).
+"""
+
+import paddle
+import paddle.distributed as dist
+from paddle.distributed.auto_parallel.api import dtensor_from_local
+from paddlenlp.utils.log import logger
+
+from paddle_alignment.distributed import hybrid_communicate_group
+
+COLUMN_PARALLEL = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+ROW_PARALLEL = ("self_attn.o_proj", "mlp.down_proj")
+
+
+def tensor_parallel_mesh():
+    """The process mesh of this rank's tensor-parallel group (fleet's model-parallel group)."""
+    return dist.ProcessMesh(hybrid_communicate_group().get_model_parallel_group().ranks, dim_names=["mp"])
+
+
+def check_splittable(config, degree):
+    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        value = getattr(config, key)
+        if value % degree:
+            raise ValueError(f"tensor_parallel_degree={degree} does not divide the model's {key}={value}")
+    for key in ("fuse_attention_qkv", "fuse_attention_ffn"):
+        if getattr(config, key, False):
+            raise ValueError(f"{key}: the tensor-parallel plan splits the separate projections; set it false in the model's config")
+
+
+def splits_vocabulary(model, degree):
+    """Whether the embedding and LM head split over the vocabulary: an untied LM head and a vocabulary
+    the degree divides (else both stay whole on every rank, as paddlenlp's own LM head does)."""
+    config = model.config
+    return hasattr(model, "lm_head") and not config.tie_word_embeddings and config.vocab_size % degree == 0
+
+
+def parallelize_plan(model, degree):
+    """{sublayer name: plan} of `model` (a causal LM or a score model over the same backbone)."""
+    plan = {}
+    for name, _ in model.named_sublayers():
+        if name.endswith(COLUMN_PARALLEL):
+            plan[name] = dist.ColWiseParallel()
+        elif name.endswith(ROW_PARALLEL):
+            plan[name] = dist.RowWiseParallel()
+    if splits_vocabulary(model, degree):
+        embedding = next(name for name, _ in model.named_sublayers() if name.endswith("embed_tokens"))
+        plan[embedding] = dist.RowWiseParallel()  # rows of the [vocab, hidden] table
+        plan["lm_head"] = dist.ColWiseParallel()  # columns of the [hidden, vocab] weight
+    return plan
+
+
+def shard_model(model, degree):
+    """`model` split over the tensor-parallel group (unchanged at degree 1)."""
+    if degree <= 1:
+        return model
+    check_splittable(model.config, degree)
+    plan = parallelize_plan(model, degree)
+    if not plan:
+        raise ValueError(f"{type(model).__name__} has none of the layers the tensor-parallel plan splits ({COLUMN_PARALLEL + ROW_PARALLEL})")
+    model, _ = dist.parallelize(model, None, mesh=tensor_parallel_mesh(), config={"mp_config": {"parallelize_plan": plan}})
+    vocabulary = "split" if splits_vocabulary(model, degree) else "whole on every rank"
+    logger.info(f"{type(model).__name__} split over {degree} tensor-parallel ranks: {len(plan)} layers, vocabulary {vocabulary}")
+    return model
+
+
+def is_tensor_parallel(model):
+    return any(parameter.is_dist() for parameter in model.parameters())
+
+
+def local_value(tensor):
+    """This rank's part of a distributed tensor; a plain tensor as it is."""
+    return tensor._local_value() if tensor.is_dist() else tensor
+
+
+def whole(tensor):
+    """The whole value of a distributed tensor on every rank (a collective); a plain tensor as it is."""
+    if not tensor.is_dist():
+        return tensor
+    replicated = dist.reshard(tensor, tensor.process_mesh, [dist.Replicate()] * len(tensor.placements))
+    return replicated._local_value()
+
+
+def complete_state_dict(model):
+    """`model.state_dict()` with every tensor whole: what `save_pretrained` writes for a one-device model.
+    Every rank of the group must call it."""
+    return {name: whole(tensor) for name, tensor in model.state_dict().items()}
+
+
+def local_state(state):
+    """An optimizer state with each distributed tensor replaced by this rank's part (what a rank saves)."""
+    return {key: local_value(value) if isinstance(value, paddle.Tensor) else value for key, value in state.items()}
+
+
+def set_local_state(optimizer, state):
+    """Load into `optimizer` (over a tensor-parallel model) the state its rank saved with `local_state`.
+
+    Paddle creates an optimizer's accumulators on the first step as whole tensors and splits them like
+    their parameter in that step; they are created and split here first, so that each rank's part loads
+    into its own slice (Paddle's AutoTrainer creates them the same way before loading)."""
+    optimizer._create_accumulators(paddle.base.framework.default_main_program().global_block(), optimizer._parameter_list)
+    for accumulators in optimizer._accumulators.values():
+        for parameter in optimizer._parameter_list:
+            whole_value = accumulators.get(parameter.name)
+            if whole_value is None or not parameter.is_dist() or whole_value.is_dist():
+                continue
+            # Moments split like their parameter; the scalar beta powers are whole on every rank.
+            like_parameter = list(whole_value.shape) == list(parameter.shape)
+            placements = parameter.placements if like_parameter else [dist.Replicate()] * len(parameter.placements)
+            split = dist.shard_tensor(whole_value, parameter.process_mesh, placements)
+            split.name = whole_value.name  # the state dict is keyed by accumulator names
+            accumulators[parameter.name] = split
+    targets = optimizer.state_dict()
+    optimizer.set_state_dict({
+        key: dtensor_from_local(value, targets[key].process_mesh, targets[key].placements)
+        if isinstance(targets.get(key), paddle.Tensor) and targets[key].is_dist() else value
+        for key, value in state.items()
+    })

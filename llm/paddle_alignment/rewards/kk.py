@@ -1,0 +1,120 @@
+"""Rewards of the knights-and-knaves task (PaddleNLP's ppo-kk data).
+
+The prompt opens the think block, so a response looks like
+`reasoning</think>\n<answer>(1) Zoey is a knight\n(2) Oliver is a knave</answer>`.
+Score = format part (+1 / -1) + answer part (+2 right, -1.5 wrong, -2 unparsable or bad format).
+
+Two rule sets share that scale:
+- `kk` follows PaddleNLP's reward server, so published kk results reproduce: the format holds when each
+  of <think> (the prompt's counts), </think>, <answer>, </answer> appears once and in that order, text
+  after </answer> included; the answer parses when its "knight"/"knave" words (substring counts, any case)
+  number exactly the people of the puzzle and each person's first "NAME is a knight/knave" (any case)
+  gives their role.
+- `kk_strict` also refuses text after </answer> other than whitespace and end tokens, needs a prompt
+  without <think> to be answered by a response opening it, reads names case-sensitively, accepts
+  "is an", and needs every claim about a person to agree, however many role words the answer holds.
+Every check is a substring count or one linear-time regex scan, so adversarial output stays cheap.
+"""
+
+import re
+from collections import defaultdict
+
+from paddle_alignment.rewards import TargetError, register_reward
+from paddle_alignment.data.chat_format import END_OF_TEXT, IM_END
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+TAGS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
+ROLE_WORDS = ("knight", "knave")
+
+FORMAT_OK, FORMAT_BAD = 1.0, -1.0
+ANSWER_RIGHT, ANSWER_WRONG, ANSWER_UNPARSABLE = 2.0, -1.5, -2.0
+MAX_SCORE = FORMAT_OK + ANSWER_RIGHT
+
+# Alternatives start with distinct characters, so matching is linear.
+_ONLY_END_MARKS = re.compile(r"(?:\s|" + re.escape(IM_END) + "|" + re.escape(END_OF_TEXT) + r")*")
+_SOLUTION_LINE = re.compile(r"\(\d+\)\s*(?P<name>\w+)\s+is\s+an?\s+(?P<role>knight|knave)", re.IGNORECASE)
+# One scan finds every claim, whatever the number of people: a pattern per person made a 1999-person
+# answer of 850 KB cost 1999 scans (30 s).
+_CLAIM = re.compile(r"(?<!\w)(?P<name>\w+)\s+is\s+a\s+(?P<role>knight|knave)\b", re.IGNORECASE)
+_STRICT_CLAIM = re.compile(r"(?<!\w)(?P<name>\w+)\s+is\s+an?\s+(?P<role>knight|knave)\b", re.IGNORECASE)
+
+
+def parse_solution(tgt):
+    """`(1) Zoey is a knight\\n(2) Oliver is a knave` -> {"Zoey": "knight", "Oliver": "knave"}."""
+    solution = {}
+    for line in filter(None, (line.strip() for line in tgt.splitlines())):
+        match = _SOLUTION_LINE.fullmatch(line)
+        if match is None:
+            raise TargetError(f"kk tgt line {line!r} is not of the form '(1) NAME is a knight/knave'")
+        solution[match["name"]] = match["role"].lower()
+    if not solution:
+        raise TargetError(f"kk tgt {tgt!r} names nobody")
+    return solution
+
+
+def opens_think(src):
+    return src.rstrip().endswith(THINK_OPEN)
+
+
+def extract_answer(src, response):
+    """The text inside <answer></answer> when each tag appears once and in order, else None."""
+    text = THINK_OPEN + response if opens_think(src) else response
+    if any(text.count(tag) != 1 for tag in TAGS):
+        return None
+    positions = [text.find(tag) for tag in TAGS]
+    if positions != sorted(positions):
+        return None
+    return text[positions[2] + len(ANSWER_OPEN) : positions[3]]
+
+
+def extract_answer_strictly(src, response):
+    """`extract_answer`, for a response that opens the think block the prompt leaves open and ends at </answer>."""
+    answer = extract_answer(src, response)
+    if answer is None or not (opens_think(src) or response.lstrip().startswith(THINK_OPEN)):
+        return None
+    answer_end = response.rfind(ANSWER_CLOSE) + len(ANSWER_CLOSE)
+    return answer if _ONLY_END_MARKS.fullmatch(response, answer_end) else None
+
+
+def judge_answer(answer, solution):
+    """PaddleNLP's reading: as many role words as people, and each person's first claim (any case)."""
+    lowered = answer.lower()
+    if sum(lowered.count(word) for word in ROLE_WORDS) != len(solution):
+        return ANSWER_UNPARSABLE
+    first_roles = {}
+    for match in _CLAIM.finditer(answer):
+        first_roles.setdefault(match["name"].lower(), match["role"].lower())
+    predicted = {name: first_roles.get(name.lower()) for name in solution}
+    if None in predicted.values():
+        return ANSWER_UNPARSABLE
+    return ANSWER_RIGHT if predicted == solution else ANSWER_WRONG
+
+
+def judge_answer_strictly(answer, solution):
+    """Every claim about each person (exact name, whole word) agrees, and gives the solution's role."""
+    roles = defaultdict(set)
+    for match in _STRICT_CLAIM.finditer(answer):
+        roles[match["name"]].add(match["role"].lower())
+    if any(len(roles[name]) != 1 for name in solution):
+        return ANSWER_UNPARSABLE
+    right = all(roles[name] == {role} for name, role in solution.items())
+    return ANSWER_RIGHT if right else ANSWER_WRONG
+
+
+def kk_score(src, tgt, response, extract, judge):
+    solution = parse_solution(tgt)
+    answer = extract(src, response)
+    if answer is None:
+        return FORMAT_BAD + ANSWER_UNPARSABLE
+    return FORMAT_OK + judge(answer, solution)
+
+
+@register_reward("kk", max_score=MAX_SCORE)
+def kk_reward(src, tgt, response):
+    return kk_score(src, tgt, response, extract_answer, judge_answer)
+
+
+@register_reward("kk_strict", max_score=MAX_SCORE)
+def kk_strict_reward(src, tgt, response):
+    return kk_score(src, tgt, response, extract_answer_strictly, judge_answer_strictly)

@@ -1,0 +1,97 @@
+"""Where rewards come from during training: a rule function in-process, the reward server, or a reward model.
+
+Every scorer maps an Experience (texts, and the finished flags) to one float per response. `max_score`
+is the score of a fully correct response (None for a reward model, whose scale is learnt), which the
+trainer uses to report accuracy.
+"""
+
+import paddle
+from paddlenlp.utils.log import logger
+
+from paddle_alignment.data.datasets import encode_completion, pad_right
+from paddle_alignment.models.tensor_parallel import whole
+from paddle_alignment.rewards import get_reward_task
+
+
+class RuleRewardScorer:
+    """Scores with a registered rule reward in this process (`use_rule_reward`)."""
+
+    def __init__(self, task_name):
+        self.task = get_reward_task(task_name)
+        self.max_score = self.task.max_score
+
+    def score(self, exp):
+        return self.task.score_batch(exp.prompts, exp.labels, exp.responses)
+
+
+class ServerRewardScorer:
+    """Scores through a reward server (`use_rm_server`) of task `task_name` (`reward_task`, may be unset).
+
+    The max score comes from the server's /health, whose task must be `task_name` when that is set; a
+    server without /health (PaddleNLP's) is taken to score `task_name`, whose registered rule gives the
+    max score (with neither, there is no accuracy metric).
+    """
+
+    def __init__(self, client, task_name):
+        self.client = client
+        self.max_score = server_max_score(client, task_name)
+
+    def score(self, exp):
+        return self.client.score(exp.prompts, exp.labels, exp.responses)
+
+
+def server_max_score(client, task_name):
+    health = client.health()
+    if health is None:
+        if task_name is None:
+            logger.info(
+                f"reward server at {client.url} has no GET /health (as PaddleNLP's) and reward_task is unset: "
+                "no accuracy metric (set reward_task to the server's task to count full-score responses)"
+            )
+            return None
+        max_score = get_reward_task(task_name).max_score
+        logger.info(
+            f"reward server at {client.url} has no GET /health (as PaddleNLP's); "
+            f"accuracy counts scores >= {max_score:g}, the max score of reward_task={task_name!r}"
+        )
+        return max_score
+    if task_name is not None and health.get("task") != task_name:
+        raise ValueError(
+            f"reward server at {client.url} scores task {health.get('task')!r}, but reward_task={task_name!r}; "
+            f"start the server with --task {task_name} or set reward_task to its task"
+        )
+    return float(health["max_score"])
+
+
+class RewardModelScorer:
+    """Scores with a reward model (`reward_model_name_or_path`): its end score of prompt + response, with
+    EOS when the response emitted one, tokenized by the reward model's own tokenizer as in its training."""
+
+    max_score = None
+
+    def __init__(self, model, tokenizer, batch_size):
+        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+
+    @paddle.no_grad()
+    def score(self, exp):
+        finished = exp.finished.numpy().tolist()
+        sequences = [
+            encode_completion(self.tokenizer, p, r, add_eos=f) for p, r, f in zip(exp.prompts, exp.responses, finished)
+        ]
+        scores = []
+        for start in range(0, len(sequences), self.batch_size):
+            input_ids, attention_mask = pad_right(sequences[start : start + self.batch_size], self.tokenizer.pad_token_id)
+            end_scores = self.model(input_ids=input_ids, attention_mask=attention_mask).end_scores
+            scores.extend(whole(end_scores[:, 0]).astype("float32").numpy().tolist())
+        return scores
+
+
+def build_reward_scorer(args, reward_model=None, reward_tokenizer=None):
+    if reward_model is not None:
+        return RewardModelScorer(reward_model, reward_tokenizer, args.per_device_reward_batch_size)
+    if args.use_rule_reward:
+        return RuleRewardScorer(args.reward_task)
+    from paddle_alignment.rewards.client import RewardServerClient
+
+    client = RewardServerClient(args.reward_server, timeout=args.reward_server_timeout, max_retries=args.reward_server_max_retries)
+    return ServerRewardScorer(client, args.reward_task)

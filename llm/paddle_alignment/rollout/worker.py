@@ -1,0 +1,124 @@
+"""The rollout worker: everything that turns prompts into scored experience, owned in one place.
+
+It holds the sampling policy, the frozen reference model, the reward scorer and the tokenizer, and it
+generates (`generate_sequences`), scores, and computes the behaviour and reference log-probs. The
+colocated trainer builds one over its own models and asks it for each batch (rollout/engines.py); a
+decoupled sampler process builds one from the config (`build_sampler_worker`) and loads each policy
+version the trainer publishes (`update_weights`). No trainer is involved in either: the trainer asks for
+experience and pushes weights, the worker never reaches back.
+"""
+
+import contextlib
+import time
+
+import paddle
+
+from paddle_alignment.experience import Experience
+from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
+from paddle_alignment.models.lora_utils import adapters_disabled
+from paddle_alignment.models.native_forward import NativeDecoder
+from paddle_alignment.models.ppo_model_utils import response_labels, response_logits
+from paddle_alignment.models.tensor_parallel import whole
+from paddle_alignment.offload import OffloadPlan
+from paddle_alignment.rollout import weights
+from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
+
+
+class RolloutWorker:
+    """Generation, scoring and log-probs of one policy, with the reference model and reward of its config.
+
+    `autocast`: a factory of the mixed-precision context the passes run in (the trainer's own, so that
+    rollout and training run the same kernels). `offload`: the trainer's OffloadPlan, whose groups are
+    brought onto the device around each pass (default: nothing is offloaded).
+    """
+
+    def __init__(self, args, policy, tokenizer, reward_scorer, reference_model=None, autocast=contextlib.nullcontext,
+                 offload=None):
+        self.args = args
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.reward_scorer = reward_scorer
+        self.reference_model = reference_model
+        self.autocast = autocast
+        self.offload = offload or OffloadPlan({}, None, None)
+        self.sampling = SamplingConfig.from_args(args)
+
+    def generate_sequences(self, items, seed, behaviour_logprobs=False):
+        """Rollouts of the prompt `items` sampled from `seed`, with their scores, and the seconds the
+        generation took. `behaviour_logprobs`: also the sampling policy's and the reference's log-probs
+        (what a decoupled rollout's sampler records); the fast decode loop records the former as it samples,
+        otherwise a forward pass computes them."""
+        started = time.time()
+        exp = self.generate(items, seed, record_logprobs=behaviour_logprobs)
+        seconds = time.time() - started
+        self.score(exp)
+        if behaviour_logprobs:
+            if exp.old_logprobs is None:
+                with self.offload.on_device("train_model"):
+                    exp.old_logprobs = self.compute_logprobs(self.policy, exp)
+            if self.args.uses_reference_model:
+                exp.ref_logprobs = self.compute_reference_logprobs(exp)
+        return exp, seconds
+
+    def generate(self, prompts, seed, record_logprobs=False):
+        """`rollout_n` rollouts of each prompt, decoded per_device_rollout_batch_size prompts at a time (the
+        i-th from seed + i); see generate_rollouts for `record_logprobs`."""
+        size = self.args.per_device_rollout_batch_size
+        with self.offload.on_device("train_model"), self.autocast():
+            parts = [
+                generate_rollouts(
+                    self.policy, self.tokenizer, prompts[start : start + size], self.args.rollout_n, self.sampling,
+                    self.args.use_fusemt, seed=seed + i, record_logprobs=record_logprobs,
+                )
+                for i, start in enumerate(range(0, len(prompts), size))
+            ]
+        return parts[0] if len(parts) == 1 else Experience.concat(parts, self.tokenizer.pad_token_id)
+
+    def score(self, exp):
+        """exp.scores: the reward source's scores of the responses."""
+        exp.scores = paddle.to_tensor(self.reward_scores(exp), dtype="float32")
+
+    def reward_scores(self, exp):
+        """The reward source's scores of `exp`'s responses, a list of floats."""
+        with self.offload.on_device("freeze_model"), self.autocast():
+            return self.reward_scorer.score(exp)
+
+    def greedy_scores(self, items):
+        """The reward scores of one greedy response to each prompt of `items` (evaluation)."""
+        greedy = SamplingConfig.from_args(self.args, greedy=True)
+        with self.offload.on_device("train_model"), self.autocast():
+            exp = generate_rollouts(self.policy, self.tokenizer, items, 1, greedy, self.args.use_fusemt)
+        return self.reward_scores(exp)
+
+    @paddle.no_grad()
+    def compute_logprobs(self, model, exp):
+        """Log-probs of the response tokens under `model` at the sampling temperature, in micro-batches of
+        per_device_logprob_batch_size: [B, R]. A float32 CPU Qwen2/Llama runs the native no-gradient forward
+        (weights gathered once per call)."""
+        size = self.args.per_device_logprob_batch_size
+        chunks = []
+        native = NativeDecoder.for_model(model)  # None: the model's own forward (said once why)
+        for start in range(0, len(exp), size):
+            micro = exp.select(start, start + size)
+            with self.autocast():
+                if native is None:
+                    logits = response_logits(model, micro)
+                else:
+                    logits = native.response_logits(micro.input_ids, micro.attention_mask, micro.prompt_len)
+            logprobs = token_logprobs_and_entropy(logits, response_labels(micro), self.sampling.temperature)[0]
+            chunks.append(whole(logprobs))
+        return paddle.concat(chunks, axis=0)
+
+    def compute_reference_logprobs(self, exp):
+        """The reference model's log-probs; for a LoRA policy without a separate reference, the policy's own
+        with its adapters switched off (the base weights)."""
+        if self.reference_model is not None:
+            with self.offload.on_device("freeze_model"):
+                return self.compute_logprobs(self.reference_model, exp)
+        with self.offload.on_device("train_model"), adapters_disabled(self.policy):
+            return self.compute_logprobs(self.policy, exp)
+
+    def update_weights(self, folder, version, timeout, trainer_alive):
+        """Load the policy version the trainer published in `folder` (decoupled rollout), waiting for it at most
+        `timeout` seconds while `trainer_alive()`."""
+        weights.wait_and_load(self.policy, folder, version, timeout, trainer_alive)

@@ -41,15 +41,16 @@ from llm.tools.gen_arith import generate  # noqa: E402
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
 DEMO_SFT = os.path.join(REPO_ROOT, "tiny_demo", "checkpoints", "sft")
-# Trainer methods timed per step, by phase. "reference" is every log-prob pass without gradient: the
-# reference model's, and the actor's old log-probs where the algorithm needs them (compute_logprobs called
-# inside compute_reference_logprobs is counted once).
+# Methods of the trainer and of its rollout worker timed per step, by phase. "reference" is every log-prob
+# pass without gradient: the reference model's, and the actor's old log-probs where the algorithm needs them
+# (compute_logprobs called inside compute_reference_logprobs is counted once).
 PHASES = {"make_experience": "rollout", "compute_reference_logprobs": "reference", "compute_logprobs": "reference",
           "compute_values": "values", "update": "update"}
+WORKER_METHODS = ("compute_reference_logprobs", "compute_logprobs")
 
 
 def time_phases(trainer):
-    """Wrap the trainer instance's phase methods (this object only) to add their wall time to the returned
+    """Wrap the phase methods of the trainer instance and its rollout worker (these objects only) to add their wall time to the returned
     dict of phase -> seconds; nested calls count towards the outermost phase. Also returns a dict whose
     "sampling" adds up the rollouts' own sampling seconds (make_experience's report, rewards excluded)."""
     seconds, sampling = defaultdict(float), defaultdict(float)
@@ -71,7 +72,8 @@ def time_phases(trainer):
         return wrapper
 
     for name in PHASES:
-        setattr(trainer, name, timed(name, getattr(trainer, name)))
+        owner = trainer.rollout_worker if name in WORKER_METHODS else trainer
+        setattr(owner, name, timed(name, getattr(owner, name)))
     return seconds, sampling
 
 

@@ -4,7 +4,7 @@
 
 On a random tiny Qwen2 of the demo's shape (4 layers, hidden 128, 4 heads / 2 kv heads, intermediate 512,
 the byte vocabulary), with the fused CPU kernels in its layers as run_ppo loads it, the GRPO benchmark's work:
-- reference: one log-prob forward of 64 rows x (6 prompt + 8 response) tokens (PPOTrainer.compute_logprobs);
+- reference: one log-prob forward of 64 rows x (6 prompt + 8 response) tokens (RolloutWorker.compute_logprobs);
 - decode: the static-cache decode loop's forwards for 64 rows, a 6-token prefill and 8 steps.
 The eager and native variants alternate (the machine may be shared); each line gives the medians in ms
 (weights gathering included), last line: reference_speedup=<eager / native>.

@@ -1,4 +1,5 @@
-"""Shared test helpers: a reward server on a loopback port, and the tiny world on disk."""
+"""Shared test helpers: a reward server on a loopback port, the tiny world on disk, the tiny GRPO run, config
+parsing and NumPy references that test files in several folders use."""
 
 import json
 import logging
@@ -8,15 +9,20 @@ import sys
 import threading
 from contextlib import contextmanager
 
+import numpy as np
 import pytest
+from paddlenlp.transformers import AutoModelForCausalLM
 from werkzeug.serving import make_server
 
 from llm import run_finetune
+from llm.alignment.ppo import run_ppo
 from llm.alignment.ppo.reward_server import create_app, create_wsgi_server
 from llm.alignment.rm import run_reward
 from llm.tools.build_tiny_model import build_tiny_model
 from llm.tools.build_tokenizer import build_tokenizer
 from llm.tools.gen_arith import generate
+from paddle_alignment.config.arguments import parse_arguments
+from paddle_alignment.rewards import get_reward_task
 
 
 @contextmanager
@@ -193,3 +199,84 @@ def run_probe(script, output, argv, log_dir, processes):
     else:
         launch_two_processes(str(output), list(argv), log_dir, script=script)
     return json.loads(output.read_text())
+
+
+# ---- from test_grpo_e2e.py, shared with other test files ----------------------------------------
+
+
+TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
+
+
+def overrides(world, output_dir, **changes):
+    """The tiny GRPO config on the test world with the in-process rule reward, small and fast."""
+    defaults = {
+        "use_rm_server": False, "use_rule_reward": True, "per_device_eval_batch_size": 16, "sample_log_interval": 1,
+        "eval_steps": 2, "save_steps": 2, "learning_rate": 1e-3, "kl_loss_coeff": 0.01,
+    }
+    return small_run_argv(world, output_dir, **{**defaults, **changes})
+
+
+def run_grpo(world, output_dir, **changes):
+    run_ppo.main([TINY_CONFIG, *overrides(world, str(output_dir), **changes)])
+
+
+def weights(path):
+    model = AutoModelForCausalLM.from_pretrained(path)
+    return {name: value.numpy() for name, value in model.state_dict().items()}
+
+
+# ---- from test_reward_server.py, shared with other test files ----------------------------------------
+
+
+def protocol_only_app(environ, start_response):
+    """A minimal WSGI reward server of the arith task with only `POST /`, as PaddleNLP's has no /health."""
+    if (environ["REQUEST_METHOD"], environ["PATH_INFO"]) != ("POST", "/"):
+        start_response("404 Not Found", [("Content-Type", "application/json")])
+        return [b'{"detail": "Not Found"}']
+    body = json.loads(environ["wsgi.input"].read(int(environ["CONTENT_LENGTH"])))
+    scores = get_reward_task("arith").score_batch(body["src"], body["tgt"], body["response"])
+    start_response("200 OK", [("Content-Type", "application/json")])
+    return [json.dumps({"error_code": 0, "error_msg": "Success", "score": scores}).encode()]
+
+
+# ---- from test_ppo_algos.py, shared with other test files ----------------------------------------
+
+
+def numpy_gae(token_rewards, values, lengths, gamma, lam):
+    advantages = np.zeros_like(token_rewards)
+    for row, length in enumerate(lengths):
+        running = 0.0
+        for step in reversed(range(length)):
+            next_value = values[row, step + 1] if step + 1 < length else 0.0
+            delta = token_rewards[row, step] + gamma * next_value - values[row, step]
+            running = delta + gamma * lam * running
+            advantages[row, step] = running
+    return advantages
+
+
+# ---- from test_config.py, shared with other test files ----------------------------------------
+
+
+BASE = {
+    "rl_algorithm": "grpo",
+    "actor_model_name_or_path": "unused-model-path",
+    "train_datasets": "unused.jsonl",
+    "output_dir": "unused-output",
+    "device": "cpu",
+    "use_rule_reward": True,
+    "reward_task": "arith",
+    "rollout_n": 4,
+    "per_device_prompt_batch_size": 2,
+    "per_device_train_batch_size": 4,
+    "max_steps": 3,
+    "max_prompt_len": 16,
+    "max_dec_len": 8,
+    "max_length": 32,
+}
+
+
+def parse(tmp_path, **changes):
+    config = {k: v for k, v in {**BASE, **changes}.items() if v is not None}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return parse_arguments([str(path)])

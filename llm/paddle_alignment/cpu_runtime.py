@@ -16,7 +16,7 @@ Memory: Paddle's CPU tensors come from glibc's malloc, which gives an allocation
 threshold fresh pages from the kernel and returns them on free, and returns the freed top of its heap; the
 next step's tensors then fault their pages in again. Measured on the tiny GRPO step (2 cores): 10-34
 thousand page faults a second in a decoupled trainer, 3-15 thousand in a colocated one, and about 5 in
-either with the thresholds below (see README, "Decoupled rollout"). So the process's tensors up to 32 MiB
+either with the thresholds below (see docs/decoupled_rollout.md). So the process's tensors up to 32 MiB
 come from the heap, and up to 64 MiB of freed heap stay with the process (glibc's own upper values for
 the thresholds it adapts). The user's MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ is kept.
 

@@ -74,7 +74,7 @@ def share_cores_with_samplers(samplers):
     """With `samplers` CPU sampler processes on this machine, the trainer keeps its MKL threads and lends the
     samplers the cores those threads leave between matrix products: its OpenMP workers sleep as soon as a
     product ends, and the samplers run at idle priority (sampler.py), so they never delay the trainer.
-    Measured on 2 cores (see README, "Decoupled rollout"): where the update is the longer side, this beat
+    Measured on 2 cores (see docs/decoupled_rollout.md): where the update is the longer side, this beat
     one MKL thread each, a normal-priority sampler, and the trainer's threads spinning; where the rollout is,
     the user's MKL_NUM_THREADS=1 (kept, as every MKL setting of the user's) leaves the sampler a core."""
     if samplers and not openmp_workers_sleep_when_idle():

@@ -7,6 +7,7 @@ import numpy as np
 import paddle
 import pytest
 
+from helpers import numpy_gae
 from paddle_alignment.algos import ADVANTAGE_ESTIMATORS, PAIRWISE_LOSSES
 from paddle_alignment.algos.losses import clipped_value_loss
 from paddle_alignment.algos.metrics import explained_variance, rlhf_objective_metrics
@@ -16,18 +17,6 @@ from paddle_alignment.experience import Experience
 
 def t(values, dtype="float32"):
     return paddle.to_tensor(values, dtype=dtype)
-
-
-def numpy_gae(token_rewards, values, lengths, gamma, lam):
-    advantages = np.zeros_like(token_rewards)
-    for row, length in enumerate(lengths):
-        running = 0.0
-        for step in reversed(range(length)):
-            next_value = values[row, step + 1] if step + 1 < length else 0.0
-            delta = token_rewards[row, step] + gamma * next_value - values[row, step]
-            running = delta + gamma * lam * running
-            advantages[row, step] = running
-    return advantages
 
 
 def test_gae_matches_a_numpy_loop_with_the_kl_penalty_in_the_rewards():

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from helpers import REPO_ROOT
+
 from paddle_alignment.cpu_runtime import (
     MARKER,
     configure_cpu_runtime,
@@ -17,7 +19,6 @@ from paddle_alignment.cpu_runtime import (
     usable_cpus,
 )
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 AMD = """processor\t: 0
 vendor_id\t: AuthenticAMD

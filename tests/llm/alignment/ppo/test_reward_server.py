@@ -16,10 +16,10 @@ from flask import Flask, jsonify, request
 
 from paddle_alignment.rewards import client as reward_client
 from paddle_alignment.rewards.client import RewardServerClient, RewardServerError
-from helpers import REPO_ROOT, running_reward_server, serving, serving_in_production, small_run_argv
+from helpers import REPO_ROOT, protocol_only_app, running_reward_server, serving, serving_in_production, small_run_argv
 from llm.alignment.ppo import run_ppo
 from llm.alignment.ppo.reward_server import API_KEY_ENV, create_app
-from paddle_alignment.rewards import REWARD_TASKS, RewardTask, get_reward_task
+from paddle_alignment.rewards import REWARD_TASKS, RewardTask
 from paddle_alignment.rewards.scoring import ServerRewardScorer, build_reward_scorer
 
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
@@ -415,17 +415,6 @@ def test_create_app_rejects_an_empty_api_key():
 
 
 # ---------------------------------------------------------------- servers without /health (PaddleNLP's)
-
-
-def protocol_only_app(environ, start_response):
-    """A minimal WSGI reward server of the arith task with only `POST /`, as PaddleNLP's has no /health."""
-    if (environ["REQUEST_METHOD"], environ["PATH_INFO"]) != ("POST", "/"):
-        start_response("404 Not Found", [("Content-Type", "application/json")])
-        return [b'{"detail": "Not Found"}']
-    body = json.loads(environ["wsgi.input"].read(int(environ["CONTENT_LENGTH"])))
-    scores = get_reward_task("arith").score_batch(body["src"], body["tgt"], body["response"])
-    start_response("200 OK", [("Content-Type", "application/json")])
-    return [json.dumps({"error_code": 0, "error_msg": "Success", "score": scores}).encode()]
 
 
 def test_scorer_without_health_takes_max_score_from_reward_task_and_with_health_checks_its_task(server_url):

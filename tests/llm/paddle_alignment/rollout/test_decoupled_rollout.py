@@ -16,14 +16,13 @@ import paddle
 import pytest
 from safetensors.numpy import load_file
 
-from helpers import built_paddlenlp_ops, launch_two_processes, running_reward_server
+from helpers import REPO_ROOT, TINY_CONFIG, built_paddlenlp_ops, launch_two_processes, overrides, running_reward_server
+from helpers import weights as model_weights
 from llm.alignment.ppo import run_ppo
 from paddle_alignment.checkpoints import saving as checkpoint_io
 from paddle_alignment.rollout.decode import ROLLOUT_OPS
 from paddle_alignment.rollout import ColocatedRollout, weights
 from paddle_alignment.rollout.decoupled import process_alive
-from test_grpo_e2e import REPO_ROOT, TINY_CONFIG, overrides, run_grpo
-from test_grpo_e2e import weights as model_weights
 
 # A checkpoint every 2 steps, no evaluation, a learning rate that does not depend on max_steps.
 QUICK = {"rollout_mode": "decoupled", "save_steps": 2, "eval_datasets": "", "lr_scheduler_type": "constant"}

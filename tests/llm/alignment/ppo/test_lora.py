@@ -11,12 +11,11 @@ import pytest
 from paddlenlp.peft import LoRAModel
 from paddlenlp.transformers import AutoModelForCausalLM
 
-from helpers import small_run_argv
+from helpers import REPO_ROOT, small_run_argv
 from llm.alignment.ppo import run_ppo
 from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
 from llm.predict import predictor
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
 # The entropy bonus moves the adapters whatever the rewards: the tiny world's model may answer every prompt of
 # three steps wrongly, leaving GRPO no advantage (and the KL term has no gradient while the adapters are zero).

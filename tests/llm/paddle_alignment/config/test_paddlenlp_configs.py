@@ -1,5 +1,5 @@
 """PaddleNLP's own RL and reward-model configs run here unchanged but for device, degrees and sizes
-(tests/paddlenlp_configs, JSON and YAML), 2 steps each on the tiny world, with paths given on the command
+(tests/llm/paddle_alignment/config/paddlenlp_configs, JSON and YAML), 2 steps each on the tiny world, with paths given on the command
 line as a user gives them; and PaddleNLP's key meanings (batch keys, switches, defaults) at parse time."""
 
 import json
@@ -7,9 +7,8 @@ import os
 import shutil
 
 import pytest
-from test_reward_server import protocol_only_app
 
-from helpers import paddlenlp_messages, running_reward_server, serving
+from helpers import paddlenlp_messages, protocol_only_app, running_reward_server, serving
 from llm.alignment.ppo import run_ppo
 from paddle_alignment.config.arguments import parse_arguments
 from llm.alignment.rm import run_reward

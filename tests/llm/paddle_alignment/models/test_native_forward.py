@@ -13,7 +13,7 @@ import pytest
 from paddlenlp.peft import LoRAConfig, LoRAModel
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from helpers import built_paddlenlp_ops
+from helpers import REPO_ROOT, built_paddlenlp_ops
 from paddle_alignment.algos.token_stats import gather_logprobs, position_ids_from_mask, tempered_logits
 from paddle_alignment.experience import Experience
 from paddle_alignment.models import native_forward
@@ -140,7 +140,7 @@ def test_trainer_logprobs_match_the_eager_pass(ops, monkeypatch):
 
 
 def test_bench_native_forward_prints_its_figure(ops):
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "bench_native_forward.py")
+    script = os.path.join(REPO_ROOT, "benchmarks", "bench_native_forward.py")
     result = subprocess.run([sys.executable, script, "--repeats", "1"], capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert result.returncode == 0, result.stderr[-3000:]

@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 from paddlenlp.utils.log import logger
 
-from helpers import REPO_ROOT, SFT_CONFIG, train_reward_model
+from helpers import REPO_ROOT, SFT_CONFIG, run_grpo, train_reward_model, weights
 from llm import run_finetune
 from paddle_alignment.checkpoints.folders import last_complete_checkpoint, resolve_resume_checkpoint, rotate_checkpoints
-from test_grpo_e2e import run_grpo, weights
 
 # Small runs: a checkpoint every step, no evaluation, a learning rate that does not depend on max_steps.
 QUICK = {"save_steps": 1, "eval_datasets": "", "lr_scheduler_type": "constant"}

@@ -1,6 +1,6 @@
 """Scale-out on CPU: parallel-degree validation, 2-process data-parallel and sharding-stage-1 GRPO steps
 against a 1-process step on the same global batch, and sharded checkpoints that resume exactly. Tensor
-parallel: tests/test_tensor_parallel.py."""
+parallel: tests/llm/alignment/ppo/test_tensor_parallel.py."""
 
 import json
 import os
@@ -13,7 +13,7 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM
 
-from helpers import REPO_ROOT, launch_two_processes, paddlenlp_messages, run_probe, small_run_argv
+from helpers import REPO_ROOT, launch_two_processes, numpy_gae, paddlenlp_messages, parse, run_probe, small_run_argv
 from paddle_alignment.config.arguments import check_parallel_degrees
 
 PROBES = os.path.join(REPO_ROOT, "tests", "probes")
@@ -86,7 +86,6 @@ def test_sharding_stage1_runs_on_cpu_and_stages_2_and_3_need_gpus():
 
 
 def test_a_cpu_config_with_tensor_parallel_stops_at_parse(tmp_path):
-    from test_config import parse
 
     with pytest.raises(ValueError, match="tensor_parallel_degree=2 .* does not divide the 1 launched"):
         parse(tmp_path, tensor_parallel_degree=2)
@@ -128,7 +127,6 @@ def test_two_process_grpo_step_equals_one_process_on_the_same_global_batch(tiny_
 def test_advantages_are_whitened_over_every_data_parallel_rank(tmp_path):
     """REINFORCE++ and GAE whiten over the global batch, as verl does: each of 2 ranks' half equals the
     NumPy whitening (verl's masked_whiten, unbiased variance) of the whole batch."""
-    from test_ppo_algos import numpy_gae
 
     output = tmp_path / "whitened.json"
     launch_two_processes(str(output), [], tmp_path / "log", script=os.path.join(PROBES, "whiten_over_ranks.py"))

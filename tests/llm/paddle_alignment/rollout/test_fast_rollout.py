@@ -10,11 +10,16 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from helpers import built_paddlenlp_ops
 from paddle_alignment import custom_ops
 from paddle_alignment.rollout import decode as infer_utils
 from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
 from paddle_alignment.models.native_forward import SWITCH as NATIVE_SWITCH
-from test_rollout_ops import ops  # noqa: F401  (the fixture: paddlenlp_ops, required in CI)
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return built_paddlenlp_ops()
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +37,7 @@ def eval_items(tiny_world, tokenizer, count):
 
 
 @pytest.mark.parametrize("which, min_dec_len", [("model", 0), ("random_model", 24)])
-def test_greedy_fast_path_matches_generate_token_for_token(ops, tiny_world, tokenizer, which, min_dec_len):  # noqa: F811
+def test_greedy_fast_path_matches_generate_token_for_token(ops, tiny_world, tokenizer, which, min_dec_len):
     # The SFT model answers in a few tokens; the random model is forced to write 24 or more.
     model = AutoModelForCausalLM.from_pretrained(tiny_world[which])
     assert infer_utils.fast_path_ops(model, use_fast=True) is not None  # the comparison is not generate vs itself
@@ -46,7 +51,7 @@ def test_greedy_fast_path_matches_generate_token_for_token(ops, tiny_world, toke
     assert fast.responses == slow.responses
 
 
-def test_greedy_fast_path_matches_generate_on_a_tiny_llama(ops, tiny_world, tokenizer, tmp_path):  # noqa: F811
+def test_greedy_fast_path_matches_generate_on_a_tiny_llama(ops, tiny_world, tokenizer, tmp_path):
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, eos_token_id=tokenizer.eos_token_id,
@@ -64,7 +69,7 @@ def test_greedy_fast_path_matches_generate_on_a_tiny_llama(ops, tiny_world, toke
     np.testing.assert_array_equal(fast.input_ids.numpy(), slow.input_ids.numpy())
 
 
-def test_fast_sampling_frequencies_match_the_model(ops, tiny_world, tokenizer):  # noqa: F811
+def test_fast_sampling_frequencies_match_the_model(ops, tiny_world, tokenizer):
     model = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
     model.eval()
     prompt = "4+5+7="
@@ -88,7 +93,7 @@ def test_fast_sampling_frequencies_match_the_model(ops, tiny_world, tokenizer): 
     assert chi2 < critical[min(len(bins_expected) - 1, 10)], (chi2, bins_observed, bins_expected)
 
 
-def test_fast_rollouts_are_reproducible_with_the_seed(ops, tiny_world, tokenizer):  # noqa: F811
+def test_fast_rollouts_are_reproducible_with_the_seed(ops, tiny_world, tokenizer):
     model = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
     items = eval_items(tiny_world, tokenizer, 8)
     sampling = SamplingConfig(max_dec_len=6, temperature=1.2, top_p=0.95)
@@ -99,7 +104,7 @@ def test_fast_rollouts_are_reproducible_with_the_seed(ops, tiny_world, tokenizer
 
 
 @pytest.mark.parametrize("native", ["on", "off"])
-def test_a_prompt_prefilled_once_samples_as_its_repeated_rows(ops, tiny_world, tokenizer, monkeypatch, native):  # noqa: F811
+def test_a_prompt_prefilled_once_samples_as_its_repeated_rows(ops, tiny_world, tokenizer, monkeypatch, native):
     """Each prompt's cache, prefilled once and repeated for its `copies` rows, samples the tokens and records
     the log-probs that prefilling every row gives (native forward and eager decoder)."""
     monkeypatch.setenv(NATIVE_SWITCH, native)
@@ -117,7 +122,7 @@ def test_a_prompt_prefilled_once_samples_as_its_repeated_rows(ops, tiny_world, t
     np.testing.assert_allclose(shared[1].numpy(), each[1].numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_fast_rollouts_respect_min_and_max_length(ops, tiny_world, tokenizer):  # noqa: F811
+def test_fast_rollouts_respect_min_and_max_length(ops, tiny_world, tokenizer):
     model = AutoModelForCausalLM.from_pretrained(tiny_world["random_model"])
     items = eval_items(tiny_world, tokenizer, 4)
     exp = generate_rollouts(model, tokenizer, items, 2, SamplingConfig(max_dec_len=9, min_dec_len=5))

@@ -9,34 +9,12 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
-from helpers import launch_two_processes, running_reward_server, small_run_argv
+from helpers import TINY_CONFIG, launch_two_processes, overrides, run_grpo, running_reward_server, weights
 from llm.alignment.ppo import run_ppo
 from paddle_alignment.data import PromptOnlyDataset
 from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
 from paddle_alignment.rewards.client import RewardServerError
 from paddle_alignment.rewards.arith import arith_reward
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
-
-
-def overrides(world, output_dir, **changes):
-    """The tiny GRPO config on the test world with the in-process rule reward, small and fast."""
-    defaults = {
-        "use_rm_server": False, "use_rule_reward": True, "per_device_eval_batch_size": 16, "sample_log_interval": 1,
-        "eval_steps": 2, "save_steps": 2, "learning_rate": 1e-3, "kl_loss_coeff": 0.01,
-    }
-    return small_run_argv(world, output_dir, **{**defaults, **changes})
-
-
-def run_grpo(world, output_dir, **changes):
-    run_ppo.main([TINY_CONFIG, *overrides(world, str(output_dir), **changes)])
-
-
-def weights(path):
-    model = AutoModelForCausalLM.from_pretrained(path)
-    return {name: value.numpy() for name, value in model.state_dict().items()}
-
 
 def test_three_grpo_steps_through_the_reward_server(tiny_world, tmp_path):
     with running_reward_server("arith") as url:

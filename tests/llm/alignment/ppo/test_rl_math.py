@@ -6,9 +6,8 @@ import os
 import numpy as np
 import paddle
 import pytest
-from test_config import parse
 
-from helpers import REPO_ROOT, paddlenlp_messages as paddlenlp_warnings, small_run_argv
+from helpers import REPO_ROOT, paddlenlp_messages as paddlenlp_warnings, parse, small_run_argv
 from llm.alignment.ppo import run_ppo
 from paddle_alignment.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from paddle_alignment.algos.losses import LossScale

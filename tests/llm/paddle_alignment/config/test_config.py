@@ -7,34 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from helpers import REPO_ROOT, BASE, parse
 from paddle_alignment.config.arguments import ARGUMENT_CLASSES, check_parallel_degrees, parse_arguments
 from llm.alignment.rm.run_reward import ARGUMENT_CLASSES as REWARD_ARGUMENTS
 from llm.run_finetune import ARGUMENT_CLASSES as FINETUNE_ARGUMENTS
-
-BASE = {
-    "rl_algorithm": "grpo",
-    "actor_model_name_or_path": "unused-model-path",
-    "train_datasets": "unused.jsonl",
-    "output_dir": "unused-output",
-    "device": "cpu",
-    "use_rule_reward": True,
-    "reward_task": "arith",
-    "rollout_n": 4,
-    "per_device_prompt_batch_size": 2,
-    "per_device_train_batch_size": 4,
-    "max_steps": 3,
-    "max_prompt_len": 16,
-    "max_dec_len": 8,
-    "max_length": 32,
-}
-
-
-def parse(tmp_path, **changes):
-    config = {k: v for k, v in {**BASE, **changes}.items() if v is not None}
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config))
-    return parse_arguments([str(path)])
-
 
 def test_valid_config_parses_with_paddlenlp_keys(tmp_path):
     model_args, data_args, args = parse(tmp_path, clip_range_ratio=0.2, clip_range_ratio_high=0.28)
@@ -128,7 +104,7 @@ def test_missing_and_malformed_files(tmp_path):
         parse_arguments([str(bad)])
 
 
-SHIPPED_CONFIGS = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config", "*", "*.json")))
+SHIPPED_CONFIGS = sorted(glob.glob(os.path.join(REPO_ROOT, "config", "*", "*.json")))
 
 
 # A single CPU process runs a GPU config's settings but its parallel layout, checked against 8 GPUs apart.

@@ -10,9 +10,8 @@ import numpy as np
 import paddle
 import pytest
 
-from helpers import built_paddlenlp_ops, required
+from helpers import REPO_ROOT, built_paddlenlp_ops, required
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MASK64 = (1 << 64) - 1
 
 

@@ -9,11 +9,10 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM
 
-from helpers import launch_two_processes, small_run_argv
+from helpers import REPO_ROOT, launch_two_processes, small_run_argv
 from llm.alignment.ppo import run_ppo
 from paddle_alignment.models.score_model import AutoModelForScore
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PPO_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "ppo_argument.json")
 RULE_REWARD_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
 

@@ -28,6 +28,7 @@ GROUP_TITLES = {
     "BatchSizeArguments": "Batch sizes",
     "RolloutArguments": "Rollout",
     "AlgorithmArguments": "Algorithm",
+    "ScheduleArguments": "Learning-rate schedule",
     "RewardArguments": "Reward",
     "CriticArguments": "Critic",
     "DecoupledRolloutArguments": "Decoupled rollout",
@@ -72,6 +73,8 @@ def default_text(spec):
         return "unset"
     if value == "":
         return '`""`'
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"  # as JSON writes it
     return f"`{getattr(value, 'value', value)}`"
 
 
@@ -115,19 +118,7 @@ def reference():
     parts += [section(title, cls) for title, cls in (("Model", RewardModelArgument), ("Data", RewardDataArgument), ("Training", RewardTrainingArguments))]
     parts.append("\n## run_finetune.py: SFT\n\nBesides paddlenlp's keys below.\n")
     parts += [section(title, cls) for title, cls in (("Model", FinetuneModelArgument), ("Data", FinetuneDataArgument))]
-    parts.append("\n#GROUP_TITLES = {
-    "BatchSizeArguments": "Batch sizes",
-    "RolloutArguments": "Rollout",
-    "AlgorithmArguments": "Algorithm",
-    "RewardArguments": "Reward",
-    "CriticArguments": "Critic",
-    "DecoupledRolloutArguments": "Decoupled rollout",
-    "ParallelLayoutArguments": "Memory and layout",
-    "LoggingArguments": "Logging",
-    "ModelKernelArguments": "Model kernels",
-}
-
-# paddlenlp's TrainingArguments keys the trainers read\n\nTheir meaning and help are paddlenlp's. "
+    parts.append("\n## paddlenlp's TrainingArguments keys the trainers read\n\nTheir meaning and help are paddlenlp's. "
                  "`max_steps` counts RL steps in run_ppo.py (one rollout batch and its updates); "
                  "`per_device_train_batch_size` is responses per micro-batch there.\n\n" + training_keys_table())
     parts.append("\n## PaddleNLP's other names for these keys\n\n| PaddleNLP key | read as |\n|---|---|\n"

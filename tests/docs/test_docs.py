@@ -149,6 +149,8 @@ def argparse_invocations():
         invocation = python_invocation(words)
         if invocation is None or invocation[0] in CONFIG_SCRIPTS or "setup_c" in invocation[0]:
             continue
+        if invocation[0].startswith("-m ") and not invocation[0].startswith(("-m llm.", "-m paddle_alignment.")):
+            continue  # another project's module (pytest, venv)
         seen.setdefault(invocation[0], set()).update(f"{page}: {flag}" for flag in flags_before_separator(invocation[1]))
     return sorted(seen.items())
 

@@ -2,8 +2,12 @@
 
 Keys, meanings and defaults follow PaddleNLP's RL arguments (`paddlenlp/rl/utils/config_utils.py`), so
 its configs run here unchanged; its keys that change nothing here are accepted with a log line saying
-why (paddlenlp_keys.py). Everything is checked at start: unknown keys and impossible combinations stop
-the run with a message naming the key.
+why (paddlenlp_keys.py). The training keys are grouped by concern (batch sizes, rollout, algorithm,
+schedule, reward, critic, decoupled rollout, memory layout, logging, model kernels), each group a dataclass
+that validates its own keys; `RLTrainingArguments` joins them with paddlenlp's TrainingArguments into one
+flat set of keys. Everything is checked at start: unknown keys and impossible combinations stop the run
+with a message naming the key. docs/configuration.md is generated from the help strings here
+(`python -m llm.tools.config_reference`).
 """
 
 import dataclasses
@@ -46,7 +50,7 @@ class ModelArgument:
     reward_critic_model_name_or_path: Optional[str] = field(
         default=None, metadata={"help": "Initial critic (ppo); defaults to the reward model, else the actor's backbone."}
     )
-    lora: bool = field(default=False, metadata={"help": "Train LoRA adapters of the actor instead of all its weights."})
+    lora: bool = field(default=False, metadata={"help": "Train LoRA adapters of the actor (paddlenlp.peft) instead of all its weights. The reference log-probs then come from the actor with its adapters switched off, so no reference model is loaded unless reference_model_name_or_path names one."})
     lora_path: Optional[str] = field(default=None, metadata={"help": "Adapters (a saved policy folder) to start the LoRA actor from."})
     lora_rank: int = field(default=8, metadata={"help": "Rank of the LoRA adapters."})
     lora_alpha: Optional[int] = field(default=None, metadata={"help": "LoRA scaling numerator (adapters scale by alpha / rank); default 2 x lora_rank."})
@@ -77,7 +81,7 @@ class DataArgument:
     label_key: str = field(default="tgt", metadata={"help": "Column of data files holding the reference answer given to the reward."})
     max_prompt_len: int = field(
         default=4096,
-        metadata={"help": "Prompts with more tokens are truncated to their first max_prompt_len tokens (PaddleNLP), or skipped with filter_overlong_prompts."},
+        metadata={"help": "Prompts with more tokens keep their first max_prompt_len tokens (PaddleNLP; the reward still sees the whole prompt text, and their number is logged), or are skipped with filter_overlong_prompts. When max_prompt_len + max_dec_len exceeds max_length, prompts are limited to max_length - max_dec_len tokens, with a log line."},
     )
     filter_overlong_prompts: bool = field(
         default=False, metadata={"help": "Skip (and count) prompts over max_prompt_len tokens instead of truncating them."}
@@ -100,11 +104,11 @@ class ModelKernelArguments:
     """PaddleNLP's fused-kernel switches of the models (paddlenlp's LlmMetaConfig keys), set on the model
     configs at load. The fused kernels are GPU kernels: on CPU they are switched off, with a log line."""
 
-    use_flash_attention: bool = field(default=False, metadata={"help": "Flash attention in the models (GPU)."})
-    use_fused_rms_norm: bool = field(default=False, metadata={"help": "Fused RMSNorm kernel in the models (GPU)."})
-    use_fused_rope: bool = field(default=False, metadata={"help": "Fused rotary-embedding kernel in the models (GPU)."})
+    use_flash_attention: bool = field(default=False, metadata={"help": "Flash attention in the models (GPU; set on the model configs, switched off with a log line on CPU)."})
+    use_fused_rms_norm: bool = field(default=False, metadata={"help": "Fused RMSNorm kernel in the models (GPU; set on the model configs, switched off with a log line on CPU)."})
+    use_fused_rope: bool = field(default=False, metadata={"help": "Fused rotary-embedding kernel in the models (GPU; set on the model configs, switched off with a log line on CPU)."})
     use_fused_linear: bool = field(
-        default=False, metadata={"help": "fused_gemm_epilogue linear layers (alias fused_linear); paddlenlp's Qwen2 and Llama do not read it."}
+        default=False, metadata={"help": "fused_gemm_epilogue linear layers; paddlenlp's Qwen2 and Llama do not read it."}
     )
     recompute_use_reentrant: Optional[bool] = field(
         default=None, metadata={"help": "Reentrant recompute (paddle's recompute use_reentrant); default the model config's."}
@@ -130,20 +134,18 @@ FUSED_KERNEL_KEYS = ("use_flash_attention", "use_fused_rms_norm", "use_fused_rop
 
 
 @dataclass
-class RLTrainingArguments(ModelKernelArguments, TrainingArguments):
-    rl_algorithm: str = field(
-        default="ppo", metadata={"help": "Advantage estimator (PaddleNLP's default ppo): " + ", ".join(ADVANTAGE_ESTIMATORS.names())}
-    )
-    rollout_n: int = field(default=1, metadata={"help": "Samples per prompt (alias: num_return_sequences)."})
+class BatchSizeArguments:
+    """Parameters that control the batch sizes: prompts per step and per optimizer step, and the micro-batches of each pass."""
+
     per_device_prompt_batch_size: int = field(
         default=16, metadata={"help": "Prompts per rank per RL step (set from global_batch_size when that is given)."}
     )
     global_batch_size: int = field(
-        default=-1, metadata={"help": "Prompts per RL step over all data-parallel ranks (PaddleNLP's newer key; -1: per_device_prompt_batch_size x ranks)."}
+        default=-1, metadata={"help": "Prompts per RL step over all data-parallel ranks (PaddleNLP's newer key): sets per_device_prompt_batch_size = this / ranks; giving both with different values stops the run (-1: unset)."}
     )
     global_mini_batch_size: int = field(
         default=-1,
-        metadata={"help": "Prompts per optimizer step over all ranks (alias mini_batch_size); sets gradient_accumulation_steps as PaddleNLP does (-1: global_batch_size)."},
+        metadata={"help": "Prompts per optimizer step over all ranks: sets gradient_accumulation_steps = this x rollout_n x update_iters / (per_device_train_batch_size x ranks), PaddleNLP's formula, when either global key is given (-1: global_batch_size)."},
     )
     global_gen_batch_size: int = field(
         default=-1, metadata={"help": "With dynamic_sampling: prompts generated per batch over all ranks (-1: the RL step's prompts)."}
@@ -160,149 +162,7 @@ class RLTrainingArguments(ModelKernelArguments, TrainingArguments):
     per_device_value_batch_size: int = field(
         default=-1, metadata={"help": "Responses per forward of the critic's rollout values (-1: per_device_train_batch_size)."}
     )
-    max_dec_len: int = field(default=512, metadata={"help": "Most tokens generated per response."})
-    min_dec_len: int = field(default=1, metadata={"help": "EOS is forbidden before this many tokens."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass during rollout."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature during rollout."})
-    repetition_penalty: float = field(default=1.0, metadata={"help": "CTRL-style repetition penalty during rollout."})
-    top_k: int = field(default=0, metadata={"help": "Sample among the k most likely tokens (0: no limit)."})
-    use_fusemt: bool = field(
-        default=True, metadata={"help": "Decode with the paddlenlp_ops fast loop when installed (else generate())."}
-    )
-    update_iters: int = field(default=1, metadata={"help": "Passes over each rollout batch."})
-    kl_loss_coeff: float = field(default=0.001, metadata={"help": "Weight of the KL-to-reference loss (0 disables the reference model)."})
-    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2 or k3."})
-    kl_coeff: float = field(
-        default=0.02,
-        metadata={"help": "Weight of the k1 KL penalty in the token rewards (ppo, reinforce_plus_plus; other algorithms ignore it, with a warning)."},
-    )
-    gamma: float = field(default=1.0, metadata={"help": "Discount of the token returns (ppo, reinforce_plus_plus)."})
-    lam: float = field(default=0.95, metadata={"help": "GAE lambda (ppo)."})
-    normalize_advantage: bool = field(default=False, metadata={"help": "Whiten GAE advantages over valid tokens (ppo; off for grpo, as in PaddleNLP)."})
-    normalize_reward: bool = field(
-        default=False, metadata={"help": "Normalise rewards by running mean and std over all ranks, kept in checkpoints (off for grpo, as in PaddleNLP)."}
-    )
-    clip_range_value: float = field(default=5.0, metadata={"help": "Critic values move at most this far from their rollout values (ppo)."})
-    ptx_coeff: float = field(default=0.0, metadata={"help": "Weight of the language-model loss on ptx_datasets (ppo)."})
-    missing_eos_penalty: float = field(default=0.0, metadata={"help": "Subtracted from the reward of responses that never emit EOS."})
-    dynamic_sampling: bool = field(
-        default=False, metadata={"help": "DAPO dynamic sampling: drop groups of equal rewards and generate more batches to fill the step."}
-    )
-    max_gen_batches: int = field(default=32, metadata={"help": "With dynamic_sampling: at most this many generated batches per step."})
-    pg_loss_coeff: float = field(default=1.0, metadata={"help": "Weight of the policy-gradient loss."})
-    critic_learning_rate: float = field(default=5e-6, metadata={"help": "Critic peak learning rate (ppo)."})
-    critic_min_learning_rate: float = field(default=0.0, metadata={"help": "The critic's schedule decays to this."})
-    critic_weight_decay: float = field(default=0.0, metadata={"help": "Critic AdamW weight decay."})
-    critic_lr_scheduler_type: str = field(default="constant", metadata={"help": "Critic schedule: linear, cosine or constant."})
-    critic_warmup_ratio: float = field(default=0.0, metadata={"help": "Share of steps of critic warm-up."})
-    critic_recompute: bool = field(default=False, metadata={"help": "Recompute critic activations in backward to save memory."})
-    recompute_granularity: str = field(
-        default="full", metadata={"help": "What the actor recomputes with recompute: full, full_attn or core_attn."}
-    )
-    critic_recompute_granularity: str = field(
-        default="full", metadata={"help": "What the critic recomputes: full, full_attn or core_attn (as recompute_granularity)."}
-    )
-    offload_level: str = field(
-        default="",
-        metadata={"help": "Keep in host memory except while used (GPU only): any of freeze_model, optimizer, train_model, space separated."},
-    )
-    offload_optim: bool = field(default=False, metadata={"help": "Offload the optimizer states (adds optimizer to offload_level)."})
-    policy_loss: str = field(default="ppo_clip", metadata={"help": "Policy loss: " + ", ".join(POLICY_LOSSES.names())})
-    entropy_coeff: float = field(default=0.0, metadata={"help": "Weight of the entropy bonus (0: off)."})
-    clip_range_ratio: float = field(default=0.2, metadata={"help": "PPO ratio clip, both sides unless _low/_high are given."})
-    clip_range_ratio_low: Optional[float] = field(default=None, metadata={"help": "Lower clip: ratio >= 1 - this."})
-    clip_range_ratio_high: Optional[float] = field(default=None, metadata={"help": "Upper clip: ratio <= 1 + this (DAPO clip-higher)."})
-    clip_ratio_c: float = field(
-        default=3.0,
-        metadata={"help": "Dual-clip PPO (ppo_clip): the loss of a negative-advantage token is at most -A x this (verl's key and default; 0: off)."},
-    )
-    clip_range_score: float = field(default=10.0, metadata={"help": "Rewards are clipped to [-this, this]."})
-    enable_overlong_reward_buffer: bool = field(default=False, metadata={"help": "DAPO's overlong penalty (overlong_reward_buffer)."})
-    overlong_reward_buffer: int = field(
-        default=256, metadata={"help": "With enable_overlong_reward_buffer: responses longer than max_dec_len - this are penalised."}
-    )
-    overlong_penalty_factor: float = field(default=1.0, metadata={"help": "Penalty of a response of max_dec_len tokens."})
-    loss_agg_mode: Optional[str] = field(
-        default=None,
-        metadata={
-            "help": "Loss aggregation over the optimizer step's tokens: " + ", ".join(LOSS_AGGREGATIONS.names())
-            + " (default token-mean; gspo always seq-mean-token-mean)."
-        },
-    )
-    norm_adv_by_std_in_grpo: bool = field(default=True, metadata={"help": "Divide group advantages by the group std (False: Dr.GRPO)."})
-    min_learning_rate: float = field(default=0.0, metadata={"help": "The schedule decays to this learning rate."})
-    decay_steps: Optional[int] = field(default=None, metadata={"help": "RL steps over which the schedule decays to min_learning_rate (default max_steps)."})
-    critic_decay_steps: Optional[int] = field(default=None, metadata={"help": "The critic's decay_steps (default max_steps)."})
-    eos_token: str = field(default="", metadata={"help": "A token that ends responses instead of the tokenizer's EOS (\"\": the tokenizer's)."})
-    autotuner_benchmark: bool = field(
-        default=False, metadata={"help": "PaddleNLP's benchmark run: 5 steps of full-length responses, no evaluation, checkpoints or reports."}
-    )
-    use_rm_server: bool = field(default=False, metadata={"help": "Score responses with the reward server."})
-    reward_server: str = field(default="http://127.0.0.1:8731", metadata={"help": "URL of the reward server."})
-    reward_server_timeout: float = field(default=60.0, metadata={"help": "Seconds to wait for one reward request."})
-    reward_server_max_retries: int = field(
-        default=3, metadata={"help": "Retries of a reward request that met an outage (no answer, timeout, 5xx without a protocol error), with exponential backoff, before the run stops."}
-    )
-    use_rule_reward: bool = field(default=False, metadata={"help": "Score responses in-process with the rule reward of reward_task."})
-    reward_task: Optional[str] = field(
-        default=None,
-        metadata={"help": "Rule reward task: " + ", ".join(sorted(REWARD_TASKS)) + " (default math, GSM8K answers, for use_rule_reward as in PaddleNLP; the server's /health task for use_rm_server)."},
-    )
-    rollout_mode: str = field(
-        default="colocated",
-        metadata={"help": "colocated: the trainer samples each batch itself; decoupled: sampler processes on rollout_devices sample the next batches while the trainer learns."},
-    )
-    max_staleness: int = field(
-        default=1, metadata={"help": "Decoupled rollout: a batch is sampled by the policy of at most this many RL steps before the one that trains on it."}
-    )
-    rollout_devices: str = field(
-        default="", metadata={"help": "Decoupled rollout: one sampler per entry, comma separated GPU ids not used for training (e.g. 6,7) or cpu (default on CPU: cpu)."}
-    )
-    rollout_dir: str = field(
-        default="", metadata={"help": "Decoupled rollout: folder of the published policy weights and the samplers' logs (default output_dir/rollout; a tmpfs such as /dev/shm is fastest)."}
-    )
-    rollout_timeout: float = field(
-        default=1800.0, metadata={"help": "Decoupled rollout: seconds the trainer waits for a sampler's batch, or a sampler for weights, before it stops."}
-    )
     dataloader_shuffle: bool = field(default=True, metadata={"help": "Shuffle the prompts (each epoch anew, from the seed)."})
-    sample_log_interval: int = field(default=5, metadata={"help": "Write a table of sample completions every logging_steps * this steps."})
-    num_sample_logs: int = field(default=4, metadata={"help": "Rows in each sample table."})
-
-    def __post_init__(self):
-        # As written: paddlenlp's post-init turns any evaluation_strategy into do_eval.
-        self.evaluation_only = bool(self.do_eval and not self.do_train)
-        self.apply_paddlenlp_switches()
-        self.validate_scale_out()
-        super().__post_init__()
-        self.lr_scheduler_type = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
-        self.critic_lr_scheduler_type = getattr(self.critic_lr_scheduler_type, "value", self.critic_lr_scheduler_type)
-        self.evaluation_strategy = getattr(self.evaluation_strategy, "value", self.evaluation_strategy)
-        self.save_strategy = getattr(self.save_strategy, "value", self.save_strategy)
-        if self.clip_range_ratio_low is None:
-            self.clip_range_ratio_low = self.clip_range_ratio
-        if self.clip_range_ratio_high is None:
-            self.clip_range_ratio_high = self.clip_range_ratio
-        self.resolve_batch_sizes()
-        self.validate_rl()
-
-    def apply_paddlenlp_switches(self):
-        """PaddleNLP's keys that switch other keys: autotuner_benchmark, offload_optim, and grpo's reward and
-        advantage normalisation (off: the group baseline normalises)."""
-        if self.autotuner_benchmark:
-            logger.info(
-                "autotuner_benchmark: 5 steps of max_dec_len-token responses without evaluation, checkpoints or "
-                "reports (PaddleNLP's benchmark run; the weights still load from their paths)"
-            )
-            self.max_steps, self.num_train_epochs, self.do_train, self.do_eval = 5, 1, True, False
-            self.evaluation_only, self.evaluation_strategy, self.save_strategy = False, "no", "no"
-            self.report_to, self.min_dec_len = ["none"], self.max_dec_len
-        if self.offload_optim:
-            self.offload_level = f"{self.offload_level} optimizer"
-        if self.rl_algorithm == "grpo":
-            for key in ("normalize_reward", "normalize_advantage"):
-                if getattr(self, key):
-                    logger.info(f"{key}=True has no effect with rl_algorithm=grpo: the group baseline normalises (as in PaddleNLP)")
-                    setattr(self, key, False)
 
     def resolve_batch_sizes(self):
         """PaddleNLP's global batch keys in this project's per-rank ones: global_batch_size prompts per step
@@ -344,6 +204,31 @@ class RLTrainingArguments(ModelKernelArguments, TrainingArguments):
             if getattr(self, key) <= 0:
                 setattr(self, key, self.per_device_train_batch_size)
 
+
+    def validate_batch_sizes(self):
+        positive = [
+            "per_device_prompt_batch_size", "per_device_rollout_batch_size", "per_device_logprob_batch_size",
+            "per_device_reward_batch_size", "per_device_value_batch_size", "generation_batch_size",
+        ]
+        for key in positive:
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        if self.dynamic_sampling and self.global_gen_batch_size > 0 and self.global_gen_batch_size % self.dataset_world_size:
+            raise ValueError(
+                f"global_gen_batch_size={self.global_gen_batch_size} must divide over the {self.dataset_world_size} data-parallel ranks"
+            )
+        if self.rollout_batch_size % self.per_device_train_batch_size:
+            raise ValueError(
+                f"per_device_prompt_batch_size * rollout_n = {self.rollout_batch_size} responses must split into "
+                f"micro-batches of per_device_train_batch_size={self.per_device_train_batch_size}"
+            )
+        micro_batches = self.rollout_batch_size // self.per_device_train_batch_size
+        if (self.update_iters * micro_batches) % self.gradient_accumulation_steps:
+            raise ValueError(
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps} must divide the "
+                f"{self.update_iters * micro_batches} micro-batches of one RL step (update_iters * rollout_batch / per_device_train_batch_size)"
+            )
+
     @property
     def generation_batch_size(self):
         """Prompts per rank per generated batch: with dynamic sampling global_gen_batch_size's share, else
@@ -351,6 +236,89 @@ class RLTrainingArguments(ModelKernelArguments, TrainingArguments):
         if self.dynamic_sampling and self.global_gen_batch_size > 0:
             return self.global_gen_batch_size // self.dataset_world_size
         return self.per_device_prompt_batch_size
+
+    @property
+    def rollout_batch_size(self):
+        """Responses generated per rank per RL step."""
+        return self.per_device_prompt_batch_size * self.rollout_n
+
+    @property
+    def optimizer_steps_per_rl_step(self):
+        micro_batches = self.rollout_batch_size // self.per_device_train_batch_size
+        return self.update_iters * micro_batches // self.gradient_accumulation_steps
+
+
+@dataclass
+class RolloutArguments:
+    """Parameters that control generation: samples per prompt, lengths and sampling."""
+
+    rollout_n: int = field(default=1, metadata={"help": "Samples per prompt."})
+    max_dec_len: int = field(default=512, metadata={"help": "Most tokens generated per response."})
+    min_dec_len: int = field(default=1, metadata={"help": "EOS is forbidden before this many tokens."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass during rollout."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature during rollout; log-probs, KL and entropy are computed from the same softmax(logits / temperature)."})
+    repetition_penalty: float = field(default=1.0, metadata={"help": "CTRL-style repetition penalty during rollout."})
+    top_k: int = field(default=0, metadata={"help": "Sample among the k most likely tokens (0: no limit)."})
+    use_fusemt: bool = field(
+        default=True, metadata={"help": "Decode with the paddlenlp_ops fast loop when installed (else generate())."}
+    )
+    eos_token: str = field(default="", metadata={"help": "A token that ends responses instead of the tokenizer's EOS (\"\": the tokenizer's)."})
+
+
+    def validate_rollout(self):
+        for key in ("rollout_n", "max_dec_len"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        if not 0 <= self.min_dec_len <= self.max_dec_len:
+            raise ValueError(f"min_dec_len={self.min_dec_len} must lie in [0, max_dec_len={self.max_dec_len}]")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: no limit), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class AlgorithmArguments:
+    """Parameters that control the algorithm: advantages, policy loss, KL, clipping, aggregation and DAPO's dynamic sampling."""
+
+    rl_algorithm: str = field(
+        default="ppo", metadata={"help": "Advantage estimator (PaddleNLP's default ppo): " + ", ".join(ADVANTAGE_ESTIMATORS.names())}
+    )
+    update_iters: int = field(default=1, metadata={"help": "Passes over each rollout batch."})
+    policy_loss: str = field(default="ppo_clip", metadata={"help": "Policy loss: " + ", ".join(POLICY_LOSSES.names()) + " (ppo_clip: per-token ratio; gspo: per-sequence ratio, always aggregated with seq-mean-token-mean)."})
+    pg_loss_coeff: float = field(default=1.0, metadata={"help": "Weight of the policy-gradient loss."})
+    entropy_coeff: float = field(default=0.0, metadata={"help": "Weight of the entropy bonus (0: off)."})
+    clip_range_ratio: float = field(default=0.2, metadata={"help": "PPO ratio clip, both sides unless _low/_high are given."})
+    clip_range_ratio_low: Optional[float] = field(default=None, metadata={"help": "Lower clip: ratio >= 1 - this."})
+    clip_range_ratio_high: Optional[float] = field(default=None, metadata={"help": "Upper clip: ratio <= 1 + this (DAPO clip-higher)."})
+    clip_ratio_c: float = field(
+        default=3.0,
+        metadata={"help": "Dual-clip PPO (ppo_clip): the loss of a negative-advantage token is at most -A x this (verl's key and default; 0: off)."},
+    )
+    loss_agg_mode: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "Loss aggregation over the optimizer step's tokens: " + ", ".join(LOSS_AGGREGATIONS.names())
+            + " (default token-mean; gspo always seq-mean-token-mean)."
+        },
+    )
+    kl_loss_coeff: float = field(default=0.001, metadata={"help": "Weight of the KL-to-reference loss (0 disables the reference model)."})
+    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator of the KL loss and the logged kl: k1, k2 or k3 (k3 clamped as verl does: log-ratio to +-20, estimate to +-10)."})
+    kl_coeff: float = field(
+        default=0.02,
+        metadata={"help": "Weight of the k1 KL penalty in the token rewards (ppo, reinforce_plus_plus; other algorithms ignore it, with a warning)."},
+    )
+    gamma: float = field(default=1.0, metadata={"help": "Discount of the token returns (ppo, reinforce_plus_plus)."})
+    lam: float = field(default=0.95, metadata={"help": "GAE lambda (ppo)."})
+    normalize_advantage: bool = field(default=False, metadata={"help": "Whiten GAE advantages over valid tokens (ppo; off for grpo, as in PaddleNLP)."})
+    norm_adv_by_std_in_grpo: bool = field(default=True, metadata={"help": "Divide group advantages by the group std (False: Dr.GRPO)."})
+    ptx_coeff: float = field(default=0.0, metadata={"help": "Weight of the language-model loss on ptx_datasets (ppo)."})
+    dynamic_sampling: bool = field(
+        default=False, metadata={"help": "DAPO dynamic sampling: drop groups of equal rewards and generate more batches to fill the step."}
+    )
+    max_gen_batches: int = field(default=32, metadata={"help": "With dynamic_sampling: at most this many generated batches per step."})
 
     @property
     def kl_in_reward(self):
@@ -365,25 +333,6 @@ class RLTrainingArguments(ModelKernelArguments, TrainingArguments):
     def uses_reference_model(self):
         return self.kl_loss_coeff > 0 or self.kl_in_reward
 
-    @property
-    def rollout_batch_size(self):
-        """Responses generated per rank per RL step."""
-        return self.per_device_prompt_batch_size * self.rollout_n
-
-    @property
-    def optimizer_steps_per_rl_step(self):
-        micro_batches = self.rollout_batch_size // self.per_device_train_batch_size
-        return self.update_iters * micro_batches // self.gradient_accumulation_steps
-
-    def validate_scale_out(self):
-        """The parallel layout, offload groups and recompute granularities."""
-        check_launch_layout(self)
-        self.switch_off_gpu_kernels(runs_on_accelerator(self))
-        self.offload_level = " ".join(sorted(parse_offload_level(self.offload_level)))
-        for key in ("recompute_granularity", "critic_recompute_granularity"):
-            if getattr(self, key) not in RECOMPUTE_GRANULARITIES:
-                raise ValueError(f"{key}={getattr(self, key)!r}: choose from {RECOMPUTE_GRANULARITIES}")
-
     def resolve_loss_agg_mode(self):
         """An unset loss_agg_mode is token-mean; a policy loss defined with its own aggregation (gspo: per
         sequence) always gets it, with a warning when the config asks for another."""
@@ -397,101 +346,151 @@ class RLTrainingArguments(ModelKernelArguments, TrainingArguments):
             )
         self.loss_agg_mode = required or self.loss_agg_mode or "token-mean"
 
-    def validate_rl(self):
+
+    def validate_algorithm(self):
+        if self.clip_range_ratio_low is None:
+            self.clip_range_ratio_low = self.clip_range_ratio
+        if self.clip_range_ratio_high is None:
+            self.clip_range_ratio_high = self.clip_range_ratio
         self.resolve_loss_agg_mode()
         choices = {
             "rl_algorithm": ADVANTAGE_ESTIMATORS,
             "kl_estimator": KL_ESTIMATORS,
             "policy_loss": POLICY_LOSSES,
             "loss_agg_mode": LOSS_AGGREGATIONS,
-            "lr_scheduler_type": LR_SCHEDULES,
-            "critic_lr_scheduler_type": LR_SCHEDULES,
         }
-        for key, registry in choices.items():
-            value = getattr(self, key)
-            if value not in registry.names():
-                raise ValueError(f"{key}={value!r} is not available; choose from {registry.names()}")
-        positive = [
-            "rollout_n", "per_device_prompt_batch_size", "max_dec_len", "update_iters", "sample_log_interval",
-            "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "reward_server_timeout",
-            "per_device_rollout_batch_size", "per_device_logprob_batch_size", "per_device_reward_batch_size",
-            "per_device_value_batch_size", "max_gen_batches", "generation_batch_size",
-        ]
-        for key in positive:
+        check_choices(self, choices)
+        for key in ("update_iters", "max_gen_batches"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
-        for key in ("decay_steps", "critic_decay_steps"):
-            if getattr(self, key) is not None and getattr(self, key) <= 0:
-                raise ValueError(f"{key} must be positive (or unset: max_steps), got {getattr(self, key)}")
-        if self.max_steps <= 0 and not (self.max_steps == -1 and self.num_train_epochs > 0):
-            raise ValueError(
-                f"max_steps={self.max_steps}: give a positive max_steps, or max_steps -1 with num_train_epochs > 0 "
-                "(the steps of that many passes over train_datasets)"
-            )
-        if self.dynamic_sampling and self.global_gen_batch_size > 0 and self.global_gen_batch_size % self.dataset_world_size:
-            raise ValueError(
-                f"global_gen_batch_size={self.global_gen_batch_size} must divide over the {self.dataset_world_size} data-parallel ranks"
-            )
-        if self.reward_task is None and self.use_rule_reward:
-            logger.info("use_rule_reward without reward_task scores with the math rule (GSM8K answers, as PaddleNLP's rule reward)")
-            self.reward_task = "math"
         if self.clip_ratio_c and self.clip_ratio_c <= 1:
             raise ValueError(f"clip_ratio_c={self.clip_ratio_c} must be > 1 (dual clip caps the loss at -A x clip_ratio_c), or 0 for off")
         if ADVANTAGE_ESTIMATORS.traits(self.rl_algorithm).group_baseline and self.rollout_n < 2:
             raise ValueError(
                 f"rollout_n={self.rollout_n}: {self.rl_algorithm} compares samples of one prompt, so it needs rollout_n >= 2"
             )
-        if not 0 <= self.min_dec_len <= self.max_dec_len:
-            raise ValueError(f"min_dec_len={self.min_dec_len} must lie in [0, max_dec_len={self.max_dec_len}]")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0: no limit), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
-        for key in [
-            "clip_range_ratio_low", "clip_range_ratio_high", "clip_range_score", "kl_loss_coeff", "entropy_coeff",
-            "kl_coeff", "overlong_penalty_factor", "reward_server_max_retries", "clip_range_value", "ptx_coeff", "pg_loss_coeff",
-            "missing_eos_penalty", "critic_weight_decay", "clip_ratio_c", "save_steps", "eval_steps",
-            "logging_steps", "save_total_limit", "num_sample_logs", "learning_rate", "weight_decay", "warmup_steps",
-            "max_grad_norm", "critic_learning_rate",
-        ]:
-            if getattr(self, key) is not None and getattr(self, key) < 0:
-                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        check_non_negative(self, [
+            "clip_range_ratio_low", "clip_range_ratio_high", "kl_loss_coeff", "entropy_coeff", "kl_coeff", "ptx_coeff",
+            "pg_loss_coeff", "clip_ratio_c",
+        ])
         if self.clip_range_ratio_low >= 1:
             raise ValueError(f"clip_range_ratio_low={self.clip_range_ratio_low} must be < 1 (ratios are positive)")
-        if self.enable_overlong_reward_buffer and not 0 <= self.overlong_reward_buffer <= self.max_dec_len:
-            raise ValueError(
-                f"overlong_reward_buffer={self.overlong_reward_buffer} must lie in [0, max_dec_len={self.max_dec_len}]"
-            )
         if not 0 < self.gamma <= 1:
             raise ValueError(f"gamma must lie in (0, 1], got {self.gamma}")
         if not 0 <= self.lam <= 1:
             raise ValueError(f"lam must lie in [0, 1], got {self.lam}")
         if self.dynamic_sampling and self.rollout_n < 2:
             raise ValueError("dynamic_sampling filters groups of samples, so it needs rollout_n >= 2")
+
+
+@dataclass
+class ScheduleArguments:
+    """Parameters that control the actor's learning-rate schedule, beside paddlenlp's learning_rate, lr_scheduler_type and warm-up keys."""
+
+    min_learning_rate: float = field(default=0.0, metadata={"help": "The schedule decays to this learning rate."})
+    decay_steps: Optional[int] = field(default=None, metadata={"help": "RL steps over which the schedule decays to min_learning_rate (default max_steps)."})
+
+    def validate_schedule(self):
+        check_choices(self, {"lr_scheduler_type": LR_SCHEDULES})
+        check_non_negative(self, ["learning_rate", "warmup_steps"])
+        if self.decay_steps is not None and self.decay_steps <= 0:
+            raise ValueError(f"decay_steps must be positive (or unset: max_steps), got {self.decay_steps}")
+        if not 0 <= self.min_learning_rate <= self.learning_rate:
+            raise ValueError(f"min_learning_rate={self.min_learning_rate} must lie in [0, learning_rate={self.learning_rate}]")
+
+
+@dataclass
+class RewardArguments:
+    """Parameters that control the reward: its source (rule, server or reward model) and its shaping."""
+
+    use_rule_reward: bool = field(default=False, metadata={"help": "Score responses in-process with the rule reward of reward_task."})
+    reward_task: Optional[str] = field(
+        default=None,
+        metadata={"help": "Rule reward task: " + ", ".join(sorted(REWARD_TASKS)) + " (default math, GSM8K answers, for use_rule_reward as in PaddleNLP; the server's /health task for use_rm_server)."},
+    )
+    use_rm_server: bool = field(default=False, metadata={"help": "Score responses with the reward server. Exactly one of use_rm_server, use_rule_reward and reward_model_name_or_path."})
+    reward_server: str = field(default="http://127.0.0.1:8731", metadata={"help": "URL of the reward server."})
+    reward_server_timeout: float = field(default=60.0, metadata={"help": "Seconds to wait for one reward request."})
+    reward_server_max_retries: int = field(
+        default=3, metadata={"help": "Retries of a reward request that met an outage (no answer, timeout, 5xx without a protocol error), with exponential backoff, before the run stops."}
+    )
+    normalize_reward: bool = field(
+        default=False, metadata={"help": "Normalise rewards by running mean and std over all ranks, kept in checkpoints (off for grpo, as in PaddleNLP)."}
+    )
+    clip_range_score: float = field(default=10.0, metadata={"help": "Rewards are clipped to [-this, this]."})
+    missing_eos_penalty: float = field(default=0.0, metadata={"help": "Subtracted from the reward of responses that never emit EOS."})
+    enable_overlong_reward_buffer: bool = field(default=False, metadata={"help": "DAPO's overlong penalty (overlong_reward_buffer)."})
+    overlong_reward_buffer: int = field(
+        default=256, metadata={"help": "With enable_overlong_reward_buffer: responses longer than max_dec_len - this are penalised."}
+    )
+    overlong_penalty_factor: float = field(default=1.0, metadata={"help": "Penalty of a response of max_dec_len tokens."})
+
+
+    def validate_reward(self):
+        if self.reward_server_timeout <= 0:
+            raise ValueError(f"reward_server_timeout must be positive, got {self.reward_server_timeout}")
+        if self.reward_task is None and self.use_rule_reward:
+            logger.info("use_rule_reward without reward_task scores with the math rule (GSM8K answers, as PaddleNLP's rule reward)")
+            self.reward_task = "math"
+        if self.reward_task is not None and self.reward_task not in REWARD_TASKS:
+            raise ValueError(f"reward_task={self.reward_task!r} is not registered; choose from {sorted(REWARD_TASKS)}")
+        check_non_negative(self, ["clip_range_score", "overlong_penalty_factor", "reward_server_max_retries", "missing_eos_penalty"])
+        if self.enable_overlong_reward_buffer and not 0 <= self.overlong_reward_buffer <= self.max_dec_len:
+            raise ValueError(
+                f"overlong_reward_buffer={self.overlong_reward_buffer} must lie in [0, max_dec_len={self.max_dec_len}]"
+            )
+
+
+@dataclass
+class CriticArguments:
+    """Parameters that control the critic (ppo): its optimizer, schedule, value clipping and recompute."""
+
+    critic_learning_rate: float = field(default=5e-6, metadata={"help": "Critic peak learning rate (ppo)."})
+    critic_min_learning_rate: float = field(default=0.0, metadata={"help": "The critic's schedule decays to this."})
+    critic_weight_decay: float = field(default=0.0, metadata={"help": "Critic AdamW weight decay."})
+    critic_lr_scheduler_type: str = field(default="constant", metadata={"help": "Critic schedule: linear, cosine or constant."})
+    critic_warmup_ratio: float = field(default=0.0, metadata={"help": "Share of steps of critic warm-up."})
+    critic_decay_steps: Optional[int] = field(default=None, metadata={"help": "The critic's decay_steps (default max_steps)."})
+    clip_range_value: float = field(default=5.0, metadata={"help": "Critic values move at most this far from their rollout values (ppo)."})
+    critic_recompute: bool = field(default=False, metadata={"help": "Recompute critic activations in backward to save memory."})
+    critic_recompute_granularity: str = field(
+        default="full", metadata={"help": "What the critic recomputes: full, full_attn or core_attn (as recompute_granularity)."}
+    )
+
+
+    def validate_critic(self):
+        check_choices(self, {"critic_lr_scheduler_type": LR_SCHEDULES})
+        if self.critic_decay_steps is not None and self.critic_decay_steps <= 0:
+            raise ValueError(f"critic_decay_steps must be positive (or unset: max_steps), got {self.critic_decay_steps}")
+        check_non_negative(self, ["clip_range_value", "critic_weight_decay", "critic_learning_rate"])
         if not 0 <= self.critic_min_learning_rate <= self.critic_learning_rate:
             raise ValueError(
                 f"critic_min_learning_rate={self.critic_min_learning_rate} must lie in [0, critic_learning_rate={self.critic_learning_rate}]"
             )
         if not 0 <= self.critic_warmup_ratio < 1:
             raise ValueError(f"critic_warmup_ratio must lie in [0, 1), got {self.critic_warmup_ratio}")
-        if not 0 <= self.min_learning_rate <= self.learning_rate:
-            raise ValueError(f"min_learning_rate={self.min_learning_rate} must lie in [0, learning_rate={self.learning_rate}]")
-        if self.reward_task is not None and self.reward_task not in REWARD_TASKS:
-            raise ValueError(f"reward_task={self.reward_task!r} is not registered; choose from {sorted(REWARD_TASKS)}")
-        self.validate_rollout_mode()
-        if self.rollout_batch_size % self.per_device_train_batch_size:
-            raise ValueError(
-                f"per_device_prompt_batch_size * rollout_n = {self.rollout_batch_size} responses must split into "
-                f"micro-batches of per_device_train_batch_size={self.per_device_train_batch_size}"
-            )
-        micro_batches = self.rollout_batch_size // self.per_device_train_batch_size
-        if (self.update_iters * micro_batches) % self.gradient_accumulation_steps:
-            raise ValueError(
-                f"gradient_accumulation_steps={self.gradient_accumulation_steps} must divide the "
-                f"{self.update_iters * micro_batches} micro-batches of one RL step (update_iters * rollout_batch / per_device_train_batch_size)"
-            )
+
+
+@dataclass
+class DecoupledRolloutArguments:
+    """Parameters that control decoupled rollout: sampler processes on their own devices."""
+
+    rollout_mode: str = field(
+        default="colocated",
+        metadata={"help": "colocated: the trainer samples each batch itself; decoupled: sampler processes on rollout_devices sample the next batches while the trainer learns."},
+    )
+    max_staleness: int = field(
+        default=1, metadata={"help": "Decoupled rollout: a batch is sampled by the policy of at most this many RL steps before the one that trains on it."}
+    )
+    rollout_devices: str = field(
+        default="", metadata={"help": "Decoupled rollout: one sampler per entry, comma separated GPU ids not used for training (e.g. 6,7) or cpu (default on CPU: cpu)."}
+    )
+    rollout_dir: str = field(
+        default="", metadata={"help": "Decoupled rollout: folder of the published policy weights and the samplers' logs (default output_dir/rollout; a tmpfs such as /dev/shm is fastest)."}
+    )
+    rollout_timeout: float = field(
+        default=1800.0, metadata={"help": "Decoupled rollout: seconds the trainer waits for a sampler's batch, or a sampler for weights, before it stops."}
+    )
 
     @property
     def sampler_devices(self):
@@ -524,6 +523,124 @@ class RLTrainingArguments(ModelKernelArguments, TrainingArguments):
             if device != "cpu" and not device.isdigit():
                 raise ValueError(f"rollout_devices={self.rollout_devices!r}: each entry is a GPU id or cpu, got {device!r}")
         self.rollout_dir = self.rollout_dir or os.path.join(self.output_dir, "rollout")
+
+
+@dataclass
+class ParallelLayoutArguments:
+    """Parameters that control the layout in memory: recompute and offload (the parallel degrees are paddlenlp's TrainingArguments keys)."""
+
+    recompute_granularity: str = field(
+        default="full", metadata={"help": "What the actor recomputes with recompute: full, full_attn or core_attn."}
+    )
+    offload_level: str = field(
+        default="",
+        metadata={"help": "GPU only: any of freeze_model (reference and reward models), optimizer (optimizer states), train_model (actor and critic), space separated, kept in pinned host memory except while used. On CPU it has no effect, and says so once."},
+    )
+    offload_optim: bool = field(default=False, metadata={"help": "Offload the optimizer states (adds optimizer to offload_level)."})
+
+    def validate_scale_out(self):
+        """The parallel layout, offload groups and recompute granularities."""
+        check_launch_layout(self)
+        self.switch_off_gpu_kernels(runs_on_accelerator(self))
+        self.offload_level = " ".join(sorted(parse_offload_level(self.offload_level)))
+        for key in ("recompute_granularity", "critic_recompute_granularity"):
+            if getattr(self, key) not in RECOMPUTE_GRANULARITIES:
+                raise ValueError(f"{key}={getattr(self, key)!r}: choose from {RECOMPUTE_GRANULARITIES}")
+
+
+@dataclass
+class LoggingArguments:
+    """Parameters that control what a run logs, and PaddleNLP's benchmark run."""
+
+    sample_log_interval: int = field(default=5, metadata={"help": "Write a table of sample completions every logging_steps * this steps."})
+    num_sample_logs: int = field(default=4, metadata={"help": "Rows in each sample table."})
+    autotuner_benchmark: bool = field(
+        default=False, metadata={"help": "PaddleNLP's benchmark run: 5 steps of full-length responses, no evaluation, checkpoints or reports."}
+    )
+
+
+@dataclass
+class RLTrainingArguments(
+    BatchSizeArguments, RolloutArguments, AlgorithmArguments, ScheduleArguments, RewardArguments, CriticArguments,
+    DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments, ModelKernelArguments, TrainingArguments,
+):
+    """The training arguments of run_ppo: paddlenlp's TrainingArguments and the groups above, as one flat set of
+    keys (PaddleNLP's configs keep parsing); each group validates its own keys."""
+
+    def __post_init__(self):
+        # As written: paddlenlp's post-init turns any evaluation_strategy into do_eval.
+        self.evaluation_only = bool(self.do_eval and not self.do_train)
+        self.apply_paddlenlp_switches()
+        self.validate_scale_out()
+        super().__post_init__()
+        self.lr_scheduler_type = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
+        self.critic_lr_scheduler_type = getattr(self.critic_lr_scheduler_type, "value", self.critic_lr_scheduler_type)
+        self.evaluation_strategy = getattr(self.evaluation_strategy, "value", self.evaluation_strategy)
+        self.save_strategy = getattr(self.save_strategy, "value", self.save_strategy)
+        self.resolve_batch_sizes()
+        self.validate_algorithm()
+        self.validate_rollout()
+        self.validate_reward()
+        self.validate_critic()
+        self.validate_run()
+        self.validate_schedule()
+        self.validate_batch_sizes()
+        self.validate_rollout_mode()
+
+    def apply_paddlenlp_switches(self):
+        """PaddleNLP's keys that switch other keys: autotuner_benchmark, offload_optim, and grpo's reward and
+        advantage normalisation (off: the group baseline normalises)."""
+        if self.autotuner_benchmark:
+            logger.info(
+                "autotuner_benchmark: 5 steps of max_dec_len-token responses without evaluation, checkpoints or "
+                "reports (PaddleNLP's benchmark run; the weights still load from their paths)"
+            )
+            self.max_steps, self.num_train_epochs, self.do_train, self.do_eval = 5, 1, True, False
+            self.evaluation_only, self.evaluation_strategy, self.save_strategy = False, "no", "no"
+            self.report_to, self.min_dec_len = ["none"], self.max_dec_len
+        if self.offload_optim:
+            self.offload_level = f"{self.offload_level} optimizer"
+        if self.rl_algorithm == "grpo":
+            for key in ("normalize_reward", "normalize_advantage"):
+                if getattr(self, key):
+                    logger.info(f"{key}=True has no effect with rl_algorithm=grpo: the group baseline normalises (as in PaddleNLP)")
+                    setattr(self, key, False)
+
+    def validate_run(self):
+        """paddlenlp's keys as this trainer reads them."""
+        positive = ["per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "sample_log_interval"]
+        for key in positive:
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        if self.max_steps <= 0 and not (self.max_steps == -1 and self.num_train_epochs > 0):
+            raise ValueError(
+                f"max_steps={self.max_steps}: give a positive max_steps, or max_steps -1 with num_train_epochs > 0 "
+                "(the steps of that many passes over train_datasets)"
+            )
+        check_non_negative(self, [
+            "save_steps", "eval_steps", "logging_steps", "save_total_limit", "num_sample_logs", "weight_decay",
+            "max_grad_norm",
+        ])
+
+
+def check_choices(args, choices):
+    """Each key's value is a name in its registry."""
+    for key, registry in choices.items():
+        value = getattr(args, key)
+        if value not in registry.names():
+            raise ValueError(f"{key}={value!r} is not available; choose from {registry.names()}")
+
+
+def check_non_negative(args, keys):
+    for key in keys:
+        if getattr(args, key) is not None and getattr(args, key) < 0:
+            raise ValueError(f"{key} must be >= 0, got {getattr(args, key)}")
+
+
+GROUPS = (
+    BatchSizeArguments, RolloutArguments, AlgorithmArguments, ScheduleArguments, RewardArguments, CriticArguments,
+    DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments, ModelKernelArguments,
+)
 
 
 def check_parallel_degrees(args, world_size, on_accelerator):

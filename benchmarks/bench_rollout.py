@@ -28,9 +28,9 @@ import paddle  # noqa: E402
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from paddlenlp.utils.log import logger  # noqa: E402
 
-from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts, rollout_ops  # noqa: E402
 from llm.tools.build_tiny_model import build_tiny_model  # noqa: E402
 from llm.tools.build_tokenizer import build_tokenizer  # noqa: E402
+from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts, rollout_ops  # noqa: E402
 
 CONFIGS = {
     "tiny": dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2),

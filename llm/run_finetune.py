@@ -22,10 +22,10 @@ import paddle
 from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import Trainer, TrainingArguments, set_seed
 
-from paddle_alignment.config.arguments import parse_arguments, refuse_tensor_parallel
 from paddle_alignment.checkpoints.folders import output_dir_claimed
-from paddle_alignment.distributed import finish_distributed_run
+from paddle_alignment.config.arguments import parse_arguments, refuse_tensor_parallel
 from paddle_alignment.data import IGNORE_INDEX, SupervisedDataset
+from paddle_alignment.distributed import finish_distributed_run
 from paddle_alignment.fused_optimizer import FusedOptimizerMixin
 from paddle_alignment.models.loading import load_causal_lm, load_tokenizer
 

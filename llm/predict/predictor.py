@@ -32,8 +32,8 @@ from tqdm import tqdm
 from paddle_alignment.data.builtin import JsonFileDataset
 from paddle_alignment.data.datasets import format_prompt
 from paddle_alignment.data.raw import RawSample, read_rows
-from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
 from paddle_alignment.models.loading import load_tokenizer
+from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
 
 DECODE_STRATEGIES = ("sampling", "greedy_search")
 DTYPES = ("float32", "float16", "bfloat16")

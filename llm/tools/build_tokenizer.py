@@ -10,7 +10,7 @@ import os
 
 from paddlenlp.transformers.qwen2.tokenizer import bytes_to_unicode
 
-from paddle_alignment.data.chat_format import CHAT_TEMPLATE, END_OF_TEXT, IM_END, IM_START
+from paddle_alignment.chat_format import CHAT_TEMPLATE, END_OF_TEXT, IM_END, IM_START
 
 SPECIAL_TOKENS = [END_OF_TEXT, IM_START, IM_END]
 

@@ -14,7 +14,7 @@ if not __package__:
     # Run as a script path: make the `llm` package importable from the repository root.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from paddle_alignment.data.chat_format import chat_prompt  # noqa: E402
+from paddle_alignment.chat_format import chat_prompt  # noqa: E402
 
 SYSTEM_PROMPT = "You are a patient math tutor who solves grade-school word problems carefully."
 INSTRUCTION = 'Reason step by step, then give the final answer on the last line as "#### <number>".'

@@ -21,7 +21,7 @@ if not __package__:
     # Run as a script path: make the `llm` package importable from the repository root.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from paddle_alignment.data.chat_format import chat_prompt  # noqa: E402
+from paddle_alignment.chat_format import chat_prompt  # noqa: E402
 
 NAMES = (
     "Ann", "Anna", "Ben", "Chloe", "Daniel", "Eli", "Elias", "Emma", "Finn", "Grace",

@@ -24,9 +24,9 @@ import paddle  # noqa: E402
 
 from llm.alignment.ppo import run_ppo  # noqa: E402
 from paddle_alignment.distributed import finish_distributed_run  # noqa: E402
-from paddle_alignment.rollout.decode import left_pad, package_rollouts  # noqa: E402
 from paddle_alignment.models.tensor_parallel import whole  # noqa: E402
 from paddle_alignment.rollout import ColocatedRollout, RolloutBatch  # noqa: E402
+from paddle_alignment.rollout.decode import left_pad, package_rollouts  # noqa: E402
 
 # Added to the right sum: the answers of one group, the first one right.
 ANSWER_OFFSETS = (0, 1, -1, 10)

@@ -21,9 +21,9 @@ configure_cpu_runtime()  # MKL's code path and threads for this CPU, before padd
 import paddle  # noqa: E402
 
 from llm.alignment.ppo import run_ppo  # noqa: E402
-from paddle_alignment.rollout import decode as infer_utils  # noqa: E402
 from paddle_alignment.distributed import finish_distributed_run  # noqa: E402
 from paddle_alignment.models.tensor_parallel import is_tensor_parallel  # noqa: E402
+from paddle_alignment.rollout import decode as infer_utils  # noqa: E402
 
 
 class Collect(logging.Handler):

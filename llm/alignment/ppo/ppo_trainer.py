@@ -26,10 +26,10 @@ from paddlenlp.trainer import Trainer
 from paddlenlp.utils.log import logger
 
 from paddle_alignment.algos import ADVANTAGE_ESTIMATORS
-from paddle_alignment.algos.registry import call_with_options
 from paddle_alignment.algos.losses import LossScale
 from paddle_alignment.algos.masked import masked_mean
 from paddle_alignment.algos.metrics import explained_variance, rlhf_objective_metrics
+from paddle_alignment.algos.registry import call_with_options
 from paddle_alignment.algos.reward_shaping import groups_with_reward_variance, shape_rewards
 from paddle_alignment.algos.schedules import build_lr_scheduler
 from paddle_alignment.checkpoints import saving as checkpoint_io
@@ -45,13 +45,13 @@ from paddle_alignment.distributed import (
 from paddle_alignment.data import IGNORE_INDEX
 from paddle_alignment.experience import Experience
 from paddle_alignment.fused_optimizer import FusedOptimizerMixin, build_optimizer, gradient_norm
-from paddle_alignment.rollout.decode import draw_seed
 from paddle_alignment.models.lora_utils import is_lora
 from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective, response_labels, response_logits
 from paddle_alignment.models.score_model_utils import RunningMeanStd
 from paddle_alignment.models.tensor_parallel import is_tensor_parallel, whole
 from paddle_alignment.offload import OffloadPlan
 from paddle_alignment.rollout import ColocatedRollout, RolloutTiming
+from paddle_alignment.rollout.decode import draw_seed
 from paddle_alignment.rollout.worker import RolloutWorker
 
 

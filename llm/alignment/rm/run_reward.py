@@ -30,12 +30,12 @@ from paddle_alignment.config.arguments import (
     refuse_tensor_parallel,
     runs_on_accelerator,
 )
+from llm.alignment.rm.reward_trainer import RewardTrainer
 from paddle_alignment.checkpoints.folders import output_dir_claimed
-from paddle_alignment.distributed import finish_distributed_run
 from paddle_alignment.data import PreferenceCollator, PreferenceDataset
+from paddle_alignment.distributed import finish_distributed_run
 from paddle_alignment.models.loading import load_score_model, load_tokenizer
 from paddle_alignment.models.score_model_utils import NORMALIZERS
-from llm.alignment.rm.reward_trainer import RewardTrainer
 
 
 @dataclass

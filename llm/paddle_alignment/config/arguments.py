@@ -28,8 +28,8 @@ from paddle_alignment.algos import (
     LR_SCHEDULES,
     POLICY_LOSSES,
 )
-from paddle_alignment.offload import parse_offload_level
 from paddle_alignment.config.paddlenlp_keys import ALIASES, config_tokens, drop_keys_without_effect, read_config, split_options
+from paddle_alignment.offload import parse_offload_level
 from paddle_alignment.rewards import REWARD_TASKS
 
 # paddlenlp's recompute granularities (config.recompute_granularity of Qwen2 and Llama).

@@ -26,9 +26,9 @@ import paddle
 
 from paddle_alignment.algos.token_stats import position_ids_from_mask
 from paddle_alignment.custom_ops import paddlenlp_ops_with
+from paddle_alignment.models.decoder_weights import LayerWeights, LMHead, unsupported_reason
 from paddle_alignment.models.fused_kernels import fused_ops
 from paddle_alignment.models.lora_utils import is_lora
-from paddle_alignment.models.decoder_weights import LayerWeights, LMHead, unsupported_reason
 from paddle_alignment.models.tensor_parallel import is_tensor_parallel
 
 logger = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ Every check is a substring count or one linear-time regex scan, so adversarial o
 import re
 from collections import defaultdict
 
+from paddle_alignment.chat_format import END_OF_TEXT, IM_END
 from paddle_alignment.rewards import TargetError, register_reward
-from paddle_alignment.data.chat_format import END_OF_TEXT, IM_END
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"

@@ -33,8 +33,8 @@ import zmq
 from paddlenlp.utils.log import logger
 
 import paddle_alignment
-from paddle_alignment.cpu_runtime import openmp_workers_sleep_when_idle
 from paddle_alignment.checkpoints.folders import barrier
+from paddle_alignment.cpu_runtime import openmp_workers_sleep_when_idle
 from paddle_alignment.rollout import weights
 from paddle_alignment.rollout.engines import Rollout, RolloutBatch
 

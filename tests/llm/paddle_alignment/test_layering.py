@@ -67,13 +67,22 @@ def test_the_library_has_no_import_cycle():
     assert cycles == []
 
 
+def modules_loaded_by(statement, prefix, cwd):
+    """The modules named `prefix` or under it that `statement` loads in a fresh interpreter."""
+    code = f"import sys\n{statement}\nprint(sorted(m for m in sys.modules if m == {prefix!r} or m.startswith({prefix!r} + '.')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=cwd)
+    return result.stdout.strip().splitlines()[-1]
+
+
 def test_a_sampler_process_loads_no_trainer():
-    loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, paddle_alignment.rollout.sampler\n"
-         "print(sorted(m for m in sys.modules if m == 'llm' or m.startswith('llm.')))"],
-        capture_output=True, text=True, check=True, cwd=os.path.dirname(REPO_ROOT),
-    ).stdout.strip().splitlines()[-1]
-    assert loaded == "[]"
+    # From outside the repository, where only the installed paddle_alignment is importable.
+    assert modules_loaded_by("import paddle_alignment.rollout.sampler", "llm", os.path.dirname(REPO_ROOT)) == "[]"
+
+
+def test_the_reward_server_and_the_data_tools_load_no_paddle():
+    # The reward server is a light process beside the trainer; the data tools run where no paddle is installed.
+    for module in ("llm.alignment.ppo.reward_server", "llm.tools.gen_kk", "llm.tools.convert_gsm8k", "llm.tools.gen_arith"):
+        assert modules_loaded_by(f"import {module}", "paddle", REPO_ROOT) == "[]", module
 
 
 def test_the_distribution_installs_only_paddle_alignment():

@@ -11,10 +11,10 @@ import pytest
 from paddlenlp.transformers import AutoModelForCausalLM
 
 from helpers import REPO_ROOT
-from paddle_alignment.data import PromptOnlyDataset
-from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
-from paddle_alignment.models.loading import load_tokenizer
 from llm.predict import predictor
+from paddle_alignment.data import PromptOnlyDataset
+from paddle_alignment.models.loading import load_tokenizer
+from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
 
 GREEDY = ["--decode_strategy", "greedy_search", "--max_length", "12"]
 

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from paddle_alignment.rewards import get_reward_task
 from llm.tools import convert_gsm8k, gen_kk
-from paddle_alignment.data.chat_format import chat_prompt
+from paddle_alignment.chat_format import chat_prompt
+from paddle_alignment.rewards import get_reward_task
 
 # ---------------------------------------------------------------- gen_kk
 #

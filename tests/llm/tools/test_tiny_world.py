@@ -9,10 +9,10 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
-from paddle_alignment.data import PromptOnlyDataset, SupervisedDataset
-from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts, response_mask_from_tokens
-from paddle_alignment.data.chat_format import chat_prompt
 from llm.tools.gen_arith import careless_answer
+from paddle_alignment.data import PromptOnlyDataset, SupervisedDataset
+from paddle_alignment.chat_format import chat_prompt
+from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts, response_mask_from_tokens
 
 
 def test_tokenizer_round_trips_text_and_chat_format(tiny_world):

@@ -12,9 +12,9 @@ from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 from helpers import TINY_CONFIG, launch_two_processes, overrides, run_grpo, running_reward_server, weights
 from llm.alignment.ppo import run_ppo
 from paddle_alignment.data import PromptOnlyDataset
-from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
-from paddle_alignment.rewards.client import RewardServerError
 from paddle_alignment.rewards.arith import arith_reward
+from paddle_alignment.rewards.client import RewardServerError
+from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
 
 def test_three_grpo_steps_through_the_reward_server(tiny_world, tmp_path):
     with running_reward_server("arith") as url:

@@ -13,8 +13,8 @@ from paddlenlp.transformers import AutoModelForCausalLM
 
 from helpers import REPO_ROOT, small_run_argv
 from llm.alignment.ppo import run_ppo
-from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
 from llm.predict import predictor
+from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
 
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
 # The entropy bonus moves the adapters whatever the rewards: the tiny world's model may answer every prompt of

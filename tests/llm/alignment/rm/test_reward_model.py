@@ -9,10 +9,10 @@ import pytest
 from paddlenlp.transformers import AutoTokenizer
 
 from helpers import RM_CONFIG, train_reward_model
+from llm.alignment.rm import run_reward
 from paddle_alignment.experience import Experience
 from paddle_alignment.models.score_model import AutoModelForScore
 from paddle_alignment.rewards.scoring import RewardModelScorer
-from llm.alignment.rm import run_reward
 
 @pytest.fixture(scope="module")
 def reward_model_dir(tiny_reward_model):

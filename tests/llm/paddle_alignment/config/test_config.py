@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from helpers import REPO_ROOT, BASE, parse
-from paddle_alignment.config.arguments import ARGUMENT_CLASSES, check_parallel_degrees, parse_arguments
 from llm.alignment.rm.run_reward import ARGUMENT_CLASSES as REWARD_ARGUMENTS
 from llm.run_finetune import ARGUMENT_CLASSES as FINETUNE_ARGUMENTS
+from paddle_alignment.config.arguments import ARGUMENT_CLASSES, check_parallel_degrees, parse_arguments
 
 def test_valid_config_parses_with_paddlenlp_keys(tmp_path):
     model_args, data_args, args = parse(tmp_path, clip_range_ratio=0.2, clip_range_ratio_high=0.28)

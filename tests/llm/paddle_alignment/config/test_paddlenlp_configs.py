@@ -10,8 +10,8 @@ import pytest
 
 from helpers import paddlenlp_messages, protocol_only_app, running_reward_server, serving
 from llm.alignment.ppo import run_ppo
-from paddle_alignment.config.arguments import parse_arguments
 from llm.alignment.rm import run_reward
+from paddle_alignment.config.arguments import parse_arguments
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paddlenlp_configs")
 

@@ -26,12 +26,12 @@ from paddle_alignment.data import (
     SafetyPreferenceDataset,
     SupervisedDataset,
 )
+from llm.tools.build_tokenizer import build_tokenizer
 from paddle_alignment.data import raw as raw_module
 from paddle_alignment.data.builtin import JsonFileDataset
+from paddle_alignment.chat_format import chat_prompt
 from paddle_alignment.data.datasets import encode_completion, format_prompt, mixed_indices
 from paddle_alignment.data.raw import DatasetSpec, load_raw_dataset, parse_dataset_specs
-from llm.tools.build_tokenizer import build_tokenizer
-from paddle_alignment.data.chat_format import chat_prompt
 
 PAD, IM_START, EOS = 256, 257, 258
 

@@ -10,9 +10,9 @@ import pytest
 from paddlenlp.peft import LoRAConfig, LoRAModel
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from llm.alignment.ppo.ppo_trainer import response_logits
 from paddle_alignment.algos.token_stats import position_ids_from_mask
 from paddle_alignment.models.ppo_model_utils import lm_head_layer
-from llm.alignment.ppo.ppo_trainer import response_logits
 
 PROMPT_LEN, RESPONSE_LEN, VOCAB = 5, 4, 67
 

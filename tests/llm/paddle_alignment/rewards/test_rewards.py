@@ -4,9 +4,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from paddle_alignment.chat_format import chat_prompt
 from paddle_alignment.rewards import RewardInputError, TargetError, get_reward_task
 from paddle_alignment.rewards.scoring import RuleRewardScorer
-from paddle_alignment.data.chat_format import chat_prompt
 
 KK_SRC = chat_prompt("Zoey says ...", system="Reason, then answer.", assistant_prefix="<think>")
 KK_TGT = "(1) Zoey is a knight\n(2) Oliver is a knave"

@@ -20,8 +20,8 @@ from helpers import REPO_ROOT, TINY_CONFIG, built_paddlenlp_ops, launch_two_proc
 from helpers import weights as model_weights
 from llm.alignment.ppo import run_ppo
 from paddle_alignment.checkpoints import saving as checkpoint_io
-from paddle_alignment.rollout.decode import ROLLOUT_OPS
 from paddle_alignment.rollout import ColocatedRollout, weights
+from paddle_alignment.rollout.decode import ROLLOUT_OPS
 from paddle_alignment.rollout.decoupled import process_alive
 
 # A checkpoint every 2 steps, no evaluation, a learning rate that does not depend on max_steps.

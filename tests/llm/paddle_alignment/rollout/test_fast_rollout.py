@@ -12,9 +12,9 @@ from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer, LlamaCon
 
 from helpers import built_paddlenlp_ops
 from paddle_alignment import custom_ops
+from paddle_alignment.models.native_forward import SWITCH as NATIVE_SWITCH
 from paddle_alignment.rollout import decode as infer_utils
 from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
-from paddle_alignment.models.native_forward import SWITCH as NATIVE_SWITCH
 
 
 @pytest.fixture(scope="module")

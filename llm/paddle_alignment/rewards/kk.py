@@ -13,6 +13,9 @@ Two rule sets share that scale:
 - `kk_strict` also refuses text after </answer> other than whitespace and end tokens, needs a prompt
   without <think> to be answered by a response opening it, reads names case-sensitively, accepts
   "is an", and needs every claim about a person to agree, however many role words the answer holds.
+  A claim hedged in its own clause ("Ethan is a knave or a knight", "Ethan is a knave, unless he is a
+  knight", "Ethan is a knave if Zoey lies") decides nothing: the person is undecided, and the answer
+  unparsable, as kk and PaddleNLP's server score such answers.
 Every check is a substring count or one linear-time regex scan, so adversarial output stays cheap.
 """
 
@@ -38,6 +41,12 @@ _SOLUTION_LINE = re.compile(r"\(\d+\)\s*(?P<name>\w+)\s+is\s+an?\s+(?P<role>knig
 # answer of 850 KB cost 1999 scans (30 s).
 _CLAIM = re.compile(r"(?<!\w)(?P<name>\w+)\s+is\s+a\s+(?P<role>knight|knave)\b", re.IGNORECASE)
 _STRICT_CLAIM = re.compile(r"(?<!\w)(?P<name>\w+)\s+is\s+an?\s+(?P<role>knight|knave)\b", re.IGNORECASE)
+# A clause ends at a line end, a full stop or a semicolon; one that holds a hedge leaves its claims undecided.
+_CLAUSE = re.compile(r"[^\n.;]+")
+_HEDGE = re.compile(
+    r"\b(?:or|unless|if|whether|either|maybe|perhaps|possibly|probably|might|could|unsure|uncertain|unknown|undetermined)\b",
+    re.IGNORECASE,
+)
 
 
 def parse_solution(tgt):
@@ -92,11 +101,16 @@ def judge_answer(answer, solution):
 
 
 def judge_answer_strictly(answer, solution):
-    """Every claim about each person (exact name, whole word) agrees, and gives the solution's role."""
-    roles = defaultdict(set)
-    for match in _STRICT_CLAIM.finditer(answer):
-        roles[match["name"]].add(match["role"].lower())
-    if any(len(roles[name]) != 1 for name in solution):
+    """Every claim about each person (exact name, whole word) agrees, none is hedged, and each gives the
+    solution's role."""
+    roles, undecided = defaultdict(set), set()
+    for clause in _CLAUSE.finditer(answer):
+        hedged = _HEDGE.search(clause[0]) is not None
+        for match in _STRICT_CLAIM.finditer(clause[0]):
+            roles[match["name"]].add(match["role"].lower())
+            if hedged:
+                undecided.add(match["name"])
+    if any(len(roles[name]) != 1 or name in undecided for name in solution):
         return ANSWER_UNPARSABLE
     right = all(roles[name] == {role} for name, role in solution.items())
     return ANSWER_RIGHT if right else ANSWER_WRONG

@@ -1,5 +1,5 @@
-"""PaddleNLP's layout keeps the score models under rm/models. Here they live in ppo/models, and this
-package names those same modules: `llm.alignment.rm.models.score_model` is
+"""PaddleNLP's layout keeps the score models under rm/models. Here they live in the library
+(llm/paddle_alignment/models), and this package names those same modules: `llm.alignment.rm.models.score_model` is
 `paddle_alignment.models.score_model`, one module loaded once (a symlinked folder would load the files
 twice, as two modules with two registries)."""
 

@@ -87,6 +87,29 @@ def test_kk_matches_paddlenlp_and_kk_strict_keeps_the_stricter_rules(response, p
     assert kk(response, task="kk_strict") == strict_score
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "(1) Zoey is a knight\n(2) Oliver is a knave or a knight",
+        "(1) Zoey is a knight\n(2) Oliver is a knave, unless he is a knight",
+        "(1) Zoey is a knight\n(2) Oliver is a knave if Zoey tells the truth",
+        "(1) Zoey is a knight\n(2) Oliver is either a knight or a knave",
+        "(1) Zoey is a knight\n(2) Oliver is probably a knave",
+        "(1) Zoey is a knight\n(2) Oliver is a knave (maybe)",
+        "Zoey is a knight; Oliver is a knave. Or Oliver is a knight",
+    ],
+)
+def test_kk_strict_scores_an_undecided_claim_as_unparsable(answer):
+    # Each of these once got kk_strict's full 3.0 ("Oliver is a knave" read as decided); kk says -1 too.
+    assert kk(wrapped(answer), task="kk_strict") == -1.0
+
+
+def test_kk_strict_reads_decided_claims_beside_their_clauses():
+    # Other clauses may hedge; a claim's own clause decides it.
+    assert kk(wrapped("Maybe Oliver lies. (1) Zoey is a knight\n(2) Oliver is a knave"), task="kk_strict") == 3.0
+    assert kk(wrapped("(1) Zoey is a knight; (2) Oliver is a knave"), task="kk_strict") == 3.0
+
+
 @pytest.mark.parametrize("task", KK_TASKS)
 def test_kk_names_that_prefix_other_names(task):
     tgt = "(1) Ann is a knight\n(2) Anna is a knave"

@@ -1,21 +1,31 @@
 """Loading models and tokenizers from local paths, one way for every stage (run_finetune, run_reward,
-run_ppo): paddlenlp's `from_pretrained`, half-precision weights with O2 mixed precision, the split
+run_ppo, the predictor): paddlenlp's `from_pretrained` for Paddle-layout folders and hf_layout.py for
+Hugging Face-layout ones (told apart by their files, no flag), float32 weights unless O2 mixed precision
+asks for half precision, the split
 over the tensor-parallel group (models/tensor_parallel.py), and on CPU the fused kernels of csrc in the
 layers (models/fused_kernels.py; results equal to 1e-5, about twice as fast)."""
 
+import json
+import os
+
+from paddlenlp.peft import LoRAModel
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
+from paddlenlp.transformers.tokenizer_utils_fast import PretrainedTokenizerFast
 from paddlenlp.utils.log import logger
 
 from paddle_alignment.models.fused_kernels import use_fused_kernels
+from paddle_alignment.models.hf_layout import load_hf_folder, weight_files
 from paddle_alignment.models.score_model import AutoModelForScore
 from paddle_alignment.models.tensor_parallel import shard_model
 
 
 def load_options(training_args, recompute_granularity=None):
-    """from_pretrained options: with O2 mixed precision, half-precision weights (PaddleNLP's choice);
-    `recompute_granularity` for the models that train; PaddleNLP's fused-kernel switches
-    (arguments.ModelKernelArguments) as model-config attributes."""
+    """from_pretrained options: float32 weights, or half precision with O2 mixed precision (PaddleNLP's
+    choice; a checkpoint's own dtype, bfloat16 in config.json for most downloads, would otherwise make O1
+    train half-precision weights); `recompute_granularity` for the models that train; PaddleNLP's
+    fused-kernel switches (arguments.ModelKernelArguments) as model-config attributes."""
     options = dict(training_args.model_config_flags()) if hasattr(training_args, "model_config_flags") else {}
+    options["dtype"] = "float32"
     if training_args.fp16_opt_level == "O2" and (training_args.bf16 or training_args.fp16):
         options["dtype"] = "bfloat16" if training_args.bf16 else "float16"
     if recompute_granularity is not None:
@@ -29,15 +39,32 @@ def tensor_parallel_degree(training_args):
 
 def load_causal_lm(path, training_args, recompute_granularity=None):
     """The causal LM at `path`, split over the tensor-parallel group."""
-    model = AutoModelForCausalLM.from_pretrained(path, **load_options(training_args, recompute_granularity))
+    model = pretrained_causal_lm(path, **load_options(training_args, recompute_granularity))
     return with_cpu_kernels(shard_model(model, tensor_parallel_degree(training_args)), training_args)
 
 
 def load_score_model(path, training_args, recompute_granularity=None, **score_options):
     """The score model (backbone + score head) at `path` with `score_options`, split over the
     tensor-parallel group; a causal LM's path gives its backbone and a fresh head."""
-    model = AutoModelForScore.from_pretrained(path, **score_options, **load_options(training_args, recompute_granularity))
+    model = from_folder(path, AutoModelForScore, AutoModelForScore.class_for, {**score_options, **load_options(training_args, recompute_granularity)})
     return with_cpu_kernels(shard_model(model, tensor_parallel_degree(training_args)), training_args)
+
+
+def pretrained_causal_lm(path, **options):
+    """The causal LM at `path` in either layout, with from_pretrained's `options` (dtype, config attributes)."""
+    return from_folder(path, AutoModelForCausalLM, causal_lm_class, options)
+
+
+def from_folder(path, auto_class, class_for_config, options):
+    """The model at `path`: from a Hugging Face-layout folder by hf_layout.py, else by paddlenlp's loader."""
+    if weight_files(path):
+        return load_hf_folder(path, class_for_config, **options)
+    return auto_class.from_pretrained(path, **options)
+
+
+def causal_lm_class(config):
+    """paddlenlp's causal-LM class for `config`, chosen from its `architectures` as AutoModelForCausalLM does."""
+    return AutoModelForCausalLM._get_model_class_from_config(None, None, config.to_dict())
 
 
 def with_cpu_kernels(model, training_args):
@@ -48,6 +75,18 @@ def with_cpu_kernels(model, training_args):
     return model
 
 
+def load_policy(path, lora_path=None, dtype=None):
+    """The causal LM at `path` (in `dtype`, else the checkpoint's), with the LoRA adapters at `lora_path`
+    folded into its weights so it decodes as a plain model, in eval mode; and its tokenizer."""
+    model = pretrained_causal_lm(path, **({"dtype": dtype} if dtype else {}))
+    if lora_path:
+        adapters = LoRAModel.from_pretrained(model, lora_path)
+        adapters.merge()
+        model = adapters.model
+    model.eval()
+    return model, load_tokenizer(path)
+
+
 def frozen(model):
     model.eval()
     for parameter in model.parameters():
@@ -55,9 +94,25 @@ def frozen(model):
     return model
 
 
+def pretrained_tokenizer(path):
+    """paddlenlp's tokenizer for `path`; from tokenizer.json when the folder has one (as every Hugging Face
+    download does), with the `tokenizers` library, so ids equal transformers' own. paddlenlp's Python
+    Qwen2Tokenizer reads only vocab.json and tokenizer_config.json, and on Qwen2.5's files it drops the
+    newline after each <|im_end|> (special tokens listed as plain strings strip the whitespace around
+    them) and splits <tool_call> into bytes. A tokenizer_config.json naming transformers'
+    `PreTrainedTokenizerFast` (Llama 3's) gets paddlenlp's class of that role, which AutoTokenizer misses
+    for its other spelling."""
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        return AutoTokenizer.from_pretrained(path)
+    with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as f:
+        if json.load(f).get("tokenizer_class") == "PreTrainedTokenizerFast":
+            return PretrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path, use_fast=True)
+
+
 def load_tokenizer(path, eos_token=""):
     """The tokenizer at `path`; `eos_token` (PaddleNLP's key) replaces its EOS token when given."""
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = pretrained_tokenizer(path)
     if eos_token:
         if tokenizer.convert_tokens_to_ids(eos_token) in (None, tokenizer.unk_token_id):
             raise ValueError(f"eos_token={eos_token!r} is not a token of the tokenizer at {path}")

@@ -1,0 +1,221 @@
+"""Model folders in Hugging Face's layout, read and written without a converted copy.
+
+A folder as transformers writes it (and as the Hugging Face hub ships Qwen2.5 and Llama 3) holds
+config.json, `model.safetensors` — or shards listed in `model.safetensors.index.json` — with PyTorch's
+names and layout, and the tokenizer files. paddlenlp's own loader refuses it unless `convert_from_torch`
+is set, and that flag writes a whole converted copy (`model_state.pdparams`) into the user's folder.
+Here the model is built from config.json and each tensor streams from the safetensors into its
+parameter: renamed (`model.` is the backbone's prefix, `qwen2.` or `llama.`; a sequence classifier's
+`score.` is the score head), transposed where Paddle's Linear stores [in, out] against PyTorch's
+[out, in], and cast to the model's dtype (bfloat16 files included).
+
+The way back (`save_hf_folder`) writes the same layout: shards of at most 5 GB with an index, the
+safetensors marked `{"format": "pt"}`, config.json with transformers' keys, generation_config.json, and
+the tokenizer files.
+"""
+
+import json
+import os
+
+from paddlenlp.transformers.model_utils import no_init_weights
+from paddlenlp.utils.log import logger
+from safetensors import safe_open
+from safetensors.paddle import save_file
+
+SAFE_WEIGHTS = "model.safetensors"
+SAFE_INDEX = "model.safetensors.index.json"
+PADDLE_WEIGHTS = ("model_state.pdparams", "model_state.pdparams.index.json")
+TORCH_PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size
+HF_BACKBONE, HF_SCORE, SCORE_HEAD = "model", "score", "score_head"
+# Tensors a folder may hold that no Paddle model has (older transformers saved the rotary inverse frequencies).
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+# Keys of transformers' Qwen2/Llama configs, written on export when the Paddle config has them.
+HF_CONFIG_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "initializer_range",
+    "rms_norm_eps", "tie_word_embeddings", "rope_theta", "rope_scaling", "attention_dropout",
+    "attention_bias", "mlp_bias", "use_sliding_window", "sliding_window", "max_window_layers",
+    "bos_token_id", "eos_token_id",
+)
+HF_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+# Their fused projections have no one-to-one tensor in the folder.
+FUSED_LAYOUT_FLAGS = ("fuse_attention_qkv", "fuse_attention_ffn")
+
+
+def weight_files(folder):
+    """The safetensors files of `folder` when it holds a model in Hugging Face's layout, else None (a
+    Paddle-layout folder, or not a local folder). paddlenlp writes safetensors marked "np" with its own
+    names; transformers marks them "pt", and files some tools write without metadata have `model.` names."""
+    if not os.path.isdir(folder) or any(os.path.exists(os.path.join(folder, name)) for name in PADDLE_WEIGHTS):
+        return None
+    index = os.path.join(folder, SAFE_INDEX)
+    if os.path.exists(index):
+        with open(index, encoding="utf-8") as f:
+            names = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.exists(os.path.join(folder, SAFE_WEIGHTS)):
+        names = [SAFE_WEIGHTS]
+    else:
+        pickles = [name for name in TORCH_PICKLES if os.path.exists(os.path.join(folder, name))]
+        if pickles:
+            raise ValueError(
+                f"{folder} holds PyTorch pickle weights ({pickles[0]}) and no safetensors: save them as safetensors "
+                "first (transformers: model.save_pretrained(folder, safe_serialization=True))"
+            )
+        return None
+    paths = [os.path.join(folder, name) for name in names]
+    with safe_open(paths[0], framework="np") as f:
+        metadata, keys = f.metadata() or {}, list(f.keys())
+    if metadata.get("format") == "pt" or (not metadata and any(k.startswith(f"{HF_BACKBONE}.") for k in keys)):
+        return paths
+    return None
+
+
+def paddle_name(hf_name, prefix):
+    """The Paddle parameter name of a tensor of a Hugging Face folder (`prefix`: the backbone's name)."""
+    head, _, rest = hf_name.partition(".")
+    return {HF_BACKBONE: f"{prefix}.{rest}", HF_SCORE: f"{SCORE_HEAD}.{rest}"}.get(head, hf_name)
+
+
+def hf_name(name, prefix):
+    head, _, rest = name.partition(".")
+    return {prefix: f"{HF_BACKBONE}.{rest}", SCORE_HEAD: f"{HF_SCORE}.{rest}"}.get(head, name)
+
+
+def is_transposed(name, tensor):
+    """Whether Paddle stores this tensor as the transpose of PyTorch's: every matrix but the embedding
+    (Linear layers and an untied LM head keep [in, out]; a tied LM head is the embedding itself)."""
+    return len(tensor.shape) == 2 and not name.endswith("embed_tokens.weight")
+
+
+def model_class_config(folder, options):
+    """(config, model keyword arguments, dtype) as paddlenlp's from_pretrained makes them from `options`."""
+    from paddlenlp.transformers import AutoConfig
+
+    options = dict(options)
+    dtype = options.pop("dtype", None)
+    config, model_kwargs = AutoConfig.from_pretrained(folder, return_unused_kwargs=True, **options)
+    fused = [flag for flag in FUSED_LAYOUT_FLAGS if getattr(config, flag, False)]
+    if fused:
+        raise ValueError(f"{fused} fuse projections that {folder} (Hugging Face layout) stores apart: load it without them")
+    config.dtype = dtype or config.dtype or "float32"
+    return config, model_kwargs
+
+
+def load_hf_folder(folder, class_for_config, **options):
+    """The model of the Hugging Face-layout `folder`: the class `class_for_config(config)` built from its
+    config.json with `options` (what paddlenlp's from_pretrained takes: dtype, config attributes, and the
+    model's own keyword arguments), its parameters filled from the safetensors. A score head the folder
+    lacks (a causal LM's folder given to a score model) keeps its fresh initialisation, as with paddlenlp;
+    any other missing parameter is an error naming it."""
+    config, model_kwargs = model_class_config(folder, options)
+    model_class = class_for_config(config)
+    # paddlenlp's random initialisation (most of the load time) is skipped: the folder overwrites it.
+    with no_init_weights():
+        model = model_class._from_config(config, dtype=config.dtype, **model_kwargs)
+    targets = model.state_dict()
+    loaded, unused = set(), []
+    for path in weight_files(folder):
+        with safe_open(path, framework="paddle") as f:
+            for key in f.keys():
+                name = paddle_name(key, model.base_model_prefix)
+                if name not in targets:
+                    unused += [] if key.endswith(IGNORED_SUFFIXES) else [key]
+                    continue
+                assign(targets[name], f.get_tensor(key), name, key, path)
+                loaded.add(targets[name].name)
+    missing = [name for name, tensor in targets.items() if tensor.name not in loaded]
+    if any(name.startswith(f"{SCORE_HEAD}.") for name in missing):
+        model._init_weights(model.score_head)  # paddlenlp's initialisation, which no_init_weights skipped
+    missing = [name for name in missing if not name.startswith(fresh_parts(model))]
+    if missing:
+        raise ValueError(f"{folder} has no tensor for {missing[:8]}{' ...' if len(missing) > 8 else ''} ({len(missing)} missing)")
+    if unused:
+        logger.warning(f"{len(unused)} tensors of {folder} have no place in {model_class.__name__} and are not loaded: {unused[:8]}")
+    logger.info(f"loaded {model_class.__name__} from the Hugging Face-layout folder {folder}")
+    return model
+
+
+def fresh_parts(model):
+    """Name prefixes of the parameters a folder may lack: a score model's head and normalizer."""
+    return (f"{SCORE_HEAD}.", "normalizer.") if hasattr(model, SCORE_HEAD) else ()
+
+
+def assign(parameter, tensor, name, key, path):
+    if is_transposed(name, tensor):
+        tensor = tensor.T
+    if list(tensor.shape) != list(parameter.shape):
+        raise ValueError(f"{key} of {path} has shape {list(tensor.shape)}; {name} needs {list(parameter.shape)}")
+    parameter.set_value(tensor.astype(parameter.dtype).contiguous())
+
+
+def hf_tensors(state, prefix, tied_embeddings):
+    """A Paddle state dict under Hugging Face's names and layout (a tied LM head is the embedding, not saved)."""
+    tensors = {}
+    for name, tensor in state.items():
+        if tied_embeddings and name == "lm_head.weight":
+            continue
+        tensors[hf_name(name, prefix)] = (tensor.T if is_transposed(name, tensor) else tensor).contiguous()
+    return tensors
+
+
+def write_safetensors(tensors, folder, shard_bytes=SHARD_BYTES):
+    """`tensors` as `model.safetensors`, or as numbered shards of at most `shard_bytes` with their index."""
+    shards, size = [{}], 0
+    for key, tensor in tensors.items():
+        nbytes = tensor.numel().item() * tensor.element_size()
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = tensor
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(folder, SAFE_WEIGHTS), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, start=1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(folder, name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.numel().item() * t.element_size() for t in tensors.values())
+    write_json({"metadata": {"total_size": total}, "weight_map": weight_map}, os.path.join(folder, SAFE_INDEX))
+
+
+def hf_config(config, dtype):
+    """config.json as transformers writes it for this Qwen2/Llama causal LM."""
+    if config.model_type not in HF_ARCHITECTURES:
+        raise ValueError(f"no Hugging Face layout known for model_type {config.model_type!r}; known: {sorted(HF_ARCHITECTURES)}")
+    keys = {key: getattr(config, key) for key in HF_CONFIG_KEYS if hasattr(config, key)}
+    return {"architectures": [HF_ARCHITECTURES[config.model_type]], "model_type": config.model_type, **keys, "use_cache": True, "torch_dtype": dtype}
+
+
+def generation_config(tokenizer, config):
+    """generation_config.json: the ids a response ends at and pads with (Qwen2.5 lists <|im_end|> and <|endoftext|>)."""
+    ends = [tokenizer.eos_token_id] + [tokenizer.pad_token_id] * (tokenizer.pad_token_id not in (None, tokenizer.eos_token_id))
+    return {"bos_token_id": config.bos_token_id, "eos_token_id": ends, "pad_token_id": tokenizer.pad_token_id}
+
+
+def save_hf_folder(model, folder, tokenizer, state=None, shard_bytes=SHARD_BYTES):
+    """`model` (a Qwen2/Llama causal LM; `state`: its whole weights when they are not `model.state_dict()`,
+    such as LoRA-merged or gathered from tensor-parallel ranks) written to `folder` in Hugging Face's
+    layout with `tokenizer`, for transformers, vLLM and this project's loader."""
+    save_hf_weights(model, folder, state, shard_bytes)
+    write_json(generation_config(tokenizer, model.config), os.path.join(folder, "generation_config.json"))
+    tokenizer.save_pretrained(folder)
+
+
+def save_hf_weights(model, folder, state=None, shard_bytes=SHARD_BYTES):
+    """The safetensors and config.json of `save_hf_folder`."""
+    os.makedirs(folder, exist_ok=True)
+    state = model.state_dict() if state is None else state
+    tensors = hf_tensors(state, model.base_model_prefix, model.config.tie_word_embeddings)
+    dtypes = {str(t.dtype).replace("paddle.", "") for t in tensors.values()}
+    write_safetensors(tensors, folder, shard_bytes)
+    write_json(hf_config(model.config, dtypes.pop() if len(dtypes) == 1 else "float32"), os.path.join(folder, "config.json"))
+
+
+def write_json(value, path):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+

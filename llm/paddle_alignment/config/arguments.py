@@ -28,7 +28,7 @@ from paddle_alignment.algos import (
     LR_SCHEDULES,
     POLICY_LOSSES,
 )
-from paddle_alignment.config.paddlenlp_keys import ALIASES, config_tokens, drop_keys_without_effect, read_config, split_options
+from paddle_alignment.config.paddlenlp_keys import canonical_options, config_tokens, drop_keys_without_effect, read_config, split_options
 from paddle_alignment.offload import parse_offload_level
 from paddle_alignment.rewards import REWARD_TASKS
 
@@ -60,6 +60,10 @@ class ModelArgument:
     )
     lora_save_merged: bool = field(
         default=False, metadata={"help": "Also save output_dir/policy_merged: the actor with its adapters merged into the weights."}
+    )
+    export_hf: bool = field(
+        default=False,
+        metadata={"help": "Also write output_dir/policy_hf: the final policy (LoRA adapters merged) in Hugging Face's layout, with the tokenizer, for transformers and vLLM (llm/tools/export_hf.py does the same for any saved policy)."},
     )
 
     def __post_init__(self):
@@ -718,13 +722,14 @@ ARGUMENT_CLASSES = (ModelArgument, DataArgument, RLTrainingArguments)
 
 def parse_arguments(argv, argument_classes=ARGUMENT_CLASSES):
     """`argv` = [config.json or config.yaml, --key value ...]: the file first, command-line overrides after
-    it. PaddleNLP's other key names are mapped to this project's (ALIASES), its keys without effect here are
-    logged and dropped (NO_EFFECT), and unknown keys stop the run naming the closest known key."""
+    it. PaddleNLP's and PaddleFormers' other key names are mapped to this project's (ALIASES; two names of
+    one key with different values in one source stop the run), its keys without effect here are logged
+    and dropped (NO_EFFECT), and unknown keys stop the run naming the closest known key."""
     if not argv or not argv[0].endswith((".json", ".yaml", ".yml")):
         raise ValueError("usage: <script> CONFIG.json|CONFIG.yaml [--key value ...]")
     valid = {f.name for cls in argument_classes for f in dataclasses.fields(cls) if f.init}
-    options = split_options(config_tokens(read_config(argv[0])) + list(argv[1:]))
-    options = [(ALIASES.get(key, key), values) for key, values in options]
+    options = canonical_options(split_options(config_tokens(read_config(argv[0]))), f"config file {argv[0]}")
+    options += canonical_options(split_options(list(argv[1:])), "the command line")
     options = drop_keys_without_effect(options, valid)
     for key, _ in options:
         if key not in valid:

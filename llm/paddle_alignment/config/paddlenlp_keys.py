@@ -11,7 +11,7 @@ import json
 import yaml
 from paddlenlp.utils.log import logger
 
-# PaddleNLP's other names for this project's keys (older and newer PaddleNLP releases differ).
+# PaddleNLP's and PaddleFormers' other names for this project's keys (their releases differ).
 ALIASES = {
     "num_return_sequences": "rollout_n",
     "response_key": "label_key",
@@ -19,6 +19,12 @@ ALIASES = {
     "mini_batch_size": "global_mini_batch_size",
     "rollout_logprob_batch_size": "per_device_logprob_batch_size",
     "fused_linear": "use_fused_linear",
+    # PaddleFormers' (Megatron-style) names of paddlenlp's parallel degrees.
+    "tensor_model_parallel_size": "tensor_parallel_degree",
+    "pipeline_model_parallel_size": "pipeline_parallel_degree",
+    "sharding_parallel_size": "sharding_parallel_degree",
+    "sep_parallel_size": "sep_parallel_degree",
+    "context_parallel_size": "context_parallel_degree",
 }
 
 _SAME_LAYOUT = "rollout and evaluation run on the training layout (the tensor-parallel plan decodes on its shards)"
@@ -100,6 +106,22 @@ def split_options(tokens):
         else:
             raise ValueError(f"{token!r} is not preceded by a --key")
     return options
+
+
+def canonical_options(options, source):
+    """`options` ([(key, [values])]) under this project's key names (ALIASES). Two names of one key set to
+    different values in one `source` (the config file, or the command line) are an error naming both; the
+    command line still overrides the file, under either name."""
+    named = {}
+    for key, values in options:
+        canonical = ALIASES.get(key, key)
+        first = named.setdefault(canonical, (key, values))
+        if first[0] != key and first[1] != values:
+            raise ValueError(
+                f"{source} sets {first[0]}={' '.join(first[1])} and {key}={' '.join(values)}, two names of "
+                f"{canonical}: keep one"
+            )
+    return [(ALIASES.get(key, key), values) for key, values in options]
 
 
 def drop_keys_without_effect(options, known):

@@ -11,6 +11,7 @@ from helpers import REPO_ROOT, BASE, parse
 from llm.alignment.rm.run_reward import ARGUMENT_CLASSES as REWARD_ARGUMENTS
 from llm.run_finetune import ARGUMENT_CLASSES as FINETUNE_ARGUMENTS
 from paddle_alignment.config.arguments import ARGUMENT_CLASSES, check_parallel_degrees, parse_arguments
+from paddle_alignment.config.paddlenlp_keys import canonical_options
 
 def test_valid_config_parses_with_paddlenlp_keys(tmp_path):
     model_args, data_args, args = parse(tmp_path, clip_range_ratio=0.2, clip_range_ratio_high=0.28)
@@ -24,6 +25,29 @@ def test_valid_config_parses_with_paddlenlp_keys(tmp_path):
 def test_num_return_sequences_is_an_alias_of_rollout_n(tmp_path):
     _, _, args = parse(tmp_path, rollout_n=None, num_return_sequences=8)
     assert args.rollout_n == 8
+
+
+def test_paddleformers_names_of_the_parallel_degrees_are_aliases(tmp_path):
+    # A PaddleFormers user's config parses: its Megatron-style names mean paddlenlp's degrees.
+    names = ["tensor_model_parallel_size", "pipeline_model_parallel_size", "sharding_parallel_size", "sep_parallel_size", "context_parallel_size"]
+    assert [key for key, _ in canonical_options([(name, ["1"]) for name in names], "test")] == [
+        "tensor_parallel_degree", "pipeline_parallel_degree", "sharding_parallel_degree", "sep_parallel_degree", "context_parallel_degree"
+    ]
+    parse(tmp_path, **dict.fromkeys(names, 1))
+
+
+@pytest.mark.parametrize(
+    "alias, key, value, other", [("tensor_model_parallel_size", "tensor_parallel_degree", 1, 2), ("num_return_sequences", "rollout_n", 4, 8)]
+)
+def test_two_names_of_one_key_with_different_values_are_an_error_naming_both(tmp_path, alias, key, value, other):
+    with pytest.raises(ValueError, match=f"{key}={other} and {alias}={value}, two names of {key}"):
+        parse(tmp_path, **{key: other, alias: value})
+    # The same value under both names is one setting; a file's value and the command line's are not a
+    # conflict (the command line overrides, test_command_line_overrides_the_file).
+    parse(tmp_path, **{key: value, alias: value})
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**BASE, key: other}))
+    parse_arguments([str(path), f"--{alias}", str(value)])
 
 
 def test_command_line_overrides_the_file(tmp_path):

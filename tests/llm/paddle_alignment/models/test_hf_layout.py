@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from paddle_alignment.models.hf_layout import SAFE_INDEX, hf_config, load_hf_folder, save_hf_weights, weight_files
-from paddle_alignment.models.loading import causal_lm_class, load_score_model, pretrained_causal_lm
+from paddle_alignment.models.loading import load_score_model, pretrained_causal_lm
 from paddle_alignment.models.score_model import AutoModelForScore
 
 INPUT_IDS = [[1, 5, 9, 20, 7, 250]]
@@ -161,18 +161,31 @@ def transformers_python():
     return python if probe.returncode == 0 else None
 
 
+LLAMA3_ROPE = {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+
+
 @pytest.mark.skipif(transformers_python() is None, reason="transformers is not installed (set TRANSFORMERS_PYTHON to a Python that has it)")
-def test_transformers_reads_the_folder_with_the_same_logits(tmp_path):
-    model = tiny_model(tie_word_embeddings=False)
+@pytest.mark.parametrize(
+    "model_class, config_class, changes",
+    [
+        (Qwen2ForCausalLM, Qwen2Config, {"tie_word_embeddings": False, "rope_theta": 1e6, "max_position_embeddings": 32768}),
+        # Llama 3's scaled rotary frequencies, at positions past its original context of 8,192.
+        (LlamaForCausalLM, LlamaConfig, {"rope_theta": 5e5, "rope_scaling": LLAMA3_ROPE, "max_position_embeddings": 131072}),
+    ],
+)
+def test_transformers_reads_the_folder_with_the_same_logits(tmp_path, model_class, config_class, changes):
+    model = tiny_model(model_class, config_class, **changes)
     folder = hf_folder(model, tmp_path / "hf")
+    positions = [list(range(30000, 30000 + len(INPUT_IDS[0])))]
     script = (
         "import sys, numpy, torch, transformers\n"
         "m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()\n"
-        "with torch.no_grad(): numpy.save(sys.argv[2], m(torch.tensor(%r)).logits.numpy())\n" % INPUT_IDS
+        "with torch.no_grad(): numpy.save(sys.argv[2], m(torch.tensor(%r), position_ids=torch.tensor(%r)).logits.numpy())\n"
+        % (INPUT_IDS, positions)
     )
     subprocess.run([transformers_python(), "-c", script, folder, str(tmp_path / "hf.npy")], check=True)
-    np.testing.assert_allclose(np.load(tmp_path / "hf.npy"), logits(model), atol=1e-5)
-    assert causal_lm_class(pretrained_causal_lm(folder).config) is Qwen2ForCausalLM
+    ours = pretrained_causal_lm(folder)(paddle.to_tensor(INPUT_IDS), position_ids=paddle.to_tensor(positions))[0].numpy()
+    np.testing.assert_allclose(np.load(tmp_path / "hf.npy"), ours, atol=1e-5)
 
 
 def test_load_score_model_reads_either_layout(tmp_path):

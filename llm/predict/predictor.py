@@ -23,16 +23,15 @@ from paddle_alignment.cpu_runtime import configure_cpu_runtime
 configure_cpu_runtime()  # MKL's code path and threads for this CPU, before paddle loads
 
 import paddle
-from paddlenlp.peft import LoRAModel
 from paddlenlp.trainer import PdArgumentParser
-from paddlenlp.transformers import AutoModelForCausalLM
 from paddlenlp.utils.env import LORA_CONFIG_NAME
 from tqdm import tqdm
 
 from paddle_alignment.data.builtin import JsonFileDataset
 from paddle_alignment.data.datasets import format_prompt
 from paddle_alignment.data.raw import RawSample, read_rows
-from paddle_alignment.models.loading import load_tokenizer
+from paddle_alignment.models.loading import load_policy
+from paddle_alignment.models.lora_utils import is_adapters_folder
 from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
 
 DECODE_STRATEGIES = ("sampling", "greedy_search")
@@ -104,11 +103,6 @@ class PredictorArgument:
         )
 
 
-def is_adapters_folder(path):
-    """Whether `path` holds LoRA adapters (a LoRA run's output_dir/policy: no model weights of its own)."""
-    return os.path.isfile(os.path.join(path, LORA_CONFIG_NAME))
-
-
 def parse_arguments(argv):
     (args,) = PdArgumentParser(PredictorArgument).parse_args_into_dataclasses(args=argv)
     return args
@@ -120,19 +114,6 @@ def select_device(device):
         paddle.set_device(device)
     except ValueError as error:
         raise ValueError(f"--device {device}: {error}") from None
-
-
-def load_policy(args):
-    """The model (in `--dtype` when given) and its tokenizer, loaded as the trainer loads them."""
-    options = {"dtype": args.dtype} if args.dtype else {}
-    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, **options)
-    if args.lora_path:
-        # Folded into the base weights: the model decodes as a plain one, on the fast decode loop.
-        adapters = LoRAModel.from_pretrained(model, args.lora_path)
-        adapters.merge()
-        model = adapters.model
-    model.eval()
-    return model, load_tokenizer(args.model_name_or_path)
 
 
 def encode_prompt(tokenizer, sample, src_length):
@@ -191,7 +172,7 @@ def main(argv, stdin=sys.stdin, stdout=sys.stdout):
     args = parse_arguments(argv)
     select_device(args.device)
     paddle.seed(args.seed)
-    model, tokenizer = load_policy(args)
+    model, tokenizer = load_policy(args.model_name_or_path, args.lora_path, args.dtype)
     if args.chat:
         chat(model, tokenizer, args, stdin, stdout)
     else:

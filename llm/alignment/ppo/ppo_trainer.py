@@ -84,7 +84,7 @@ def hybrid_parallel_step(optimizer):
 class PPOTrainer(FusedOptimizerMixin, Trainer):
     def __init__(
         self, model, reference_model, tokenizer, args, train_dataset, eval_dataset, reward_scorer,
-        critic_model=None, ptx_dataset=None, lora_save_merged=False, rollout=None,
+        critic_model=None, ptx_dataset=None, lora_save_merged=False, export_hf=False, rollout=None,
     ):
         """`rollout`: where the batches of rollouts come from (rollout/engines.py); default the trainer itself."""
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, tokenizer=tokenizer)
@@ -93,6 +93,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         self.critic = critic_model
         self.ptx_dataset = ptx_dataset
         self.lora_save_merged = lora_save_merged
+        self.export_hf = export_hf
         self.rollout_worker = RolloutWorker(
             args, model, tokenizer, reward_scorer, reference_model, autocast=self.autocast_smart_context_manager
         )
@@ -267,7 +268,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         """A rerun of a finished run changes nothing, except that it writes the final models from the last
         checkpoint when a crash came between that checkpoint and the final save."""
         logger.info(f"the run in {self.args.output_dir} already finished at step {step} (max_steps {self.args.max_steps})")
-        folders = [name for name, _, _ in checkpoint_io.final_models(self)]
+        folders = [final.folder for final in checkpoint_io.final_models(self)]
         missing = [name for name in folders if not os.path.isdir(os.path.join(self.args.output_dir, name))]
         barrier()  # every rank has looked before rank 0 writes, so all agree on whether to save
         if missing:

@@ -67,6 +67,7 @@ def build_trainer(argv):
         critic_model=critic,
         ptx_dataset=SupervisedDataset(data_args.ptx_datasets, tokenizer, data_args.max_length, **columns) if data_args.ptx_datasets else None,
         lora_save_merged=model_args.lora_save_merged,
+        export_hf=model_args.export_hf,
         rollout=DecoupledRollout(training_args, argv) if training_args.rollout_mode == "decoupled" else None,
     )
 

@@ -38,7 +38,8 @@ from paddle_alignment.checkpoints.folders import (
     rotate_checkpoints,
 )
 from paddle_alignment.distributed import is_distributed
-from paddle_alignment.models.lora_utils import save_merged
+from paddle_alignment.models.hf_layout import save_hf_folder
+from paddle_alignment.models.lora_utils import is_lora, merged_state_dict
 from paddle_alignment.models.tensor_parallel import complete_state_dict, is_tensor_parallel, local_state, set_local_state
 from paddle_alignment.rollout import RolloutBatch
 
@@ -79,35 +80,45 @@ def is_first_rank():
 # ---- models -----------------------------------------------------------------------------------------
 
 
-def save_model(model, folder, tokenizer, merge_lora=False):
+def save_model(model, folder, tokenizer, merge_lora=False, hf_layout=False):
     """`model` to `folder`, from_pretrained-loadable with the tokenizer beside it. Every rank calls this (the
     one place a model's weights are written); rank 0 writes. A tensor-parallel model's parts are gathered
     first, so the folder holds the whole model whatever the layout. `merge_lora`: a LoRA model's base
-    weights with the adapters folded in."""
+    weights with the adapters folded in. `hf_layout`: written as Hugging Face ships models (hf_layout.py)."""
     state = complete_state_dict(model) if is_tensor_parallel(model) else None
     if not is_first_rank():
         return
     if merge_lora:
-        save_merged(model, folder)
-    else:
-        model.save_pretrained(folder, state_dict=state)
+        model, state = model.model, merged_state_dict(model)
+    if hf_layout:
+        save_hf_folder(model, folder, tokenizer, state)
+        return
+    model.save_pretrained(folder, state_dict=state)
     tokenizer.save_pretrained(folder)
 
 
+class FinalModel(NamedTuple):
+    folder: str  # in output_dir
+    model: object
+    merge_lora: bool = False
+    hf_layout: bool = False
+
+
 def final_models(trainer):
-    """(folder name in output_dir, model, merge_lora) of each final model: the policy (a LoRA policy as its
-    adapters, plus policy_merged with `lora_save_merged`) and the critic."""
-    models = [("policy", trainer.model, False)]
-    models += [("value", trainer.critic, False)] if trainer.critic is not None else []
-    models += [("policy_merged", trainer.model, True)] if trainer.lora_save_merged else []
+    """The final models: the policy (a LoRA policy as its adapters, plus policy_merged with
+    `lora_save_merged`), the critic, and policy_hf with `export_hf`."""
+    models = [FinalModel("policy", trainer.model)]
+    models += [FinalModel("value", trainer.critic)] if trainer.critic is not None else []
+    models += [FinalModel("policy_merged", trainer.model, merge_lora=True)] if trainer.lora_save_merged else []
+    models += [FinalModel("policy_hf", trainer.model, is_lora(trainer.model), hf_layout=True)] if trainer.export_hf else []
     return models
 
 
 def save_final_models(trainer):
     """output_dir/policy, output_dir/value ..., each written to a temp folder and renamed when complete."""
-    for name, model, merge_lora in final_models(trainer):
-        with atomic_directory(os.path.join(trainer.args.output_dir, name)) as tmp:
-            save_model(model, tmp, trainer.tokenizer, merge_lora)
+    for final in final_models(trainer):
+        with atomic_directory(os.path.join(trainer.args.output_dir, final.folder)) as tmp:
+            save_model(final.model, tmp, trainer.tokenizer, final.merge_lora, final.hf_layout)
 
 
 # ---- optimizer parts --------------------------------------------------------------------------------

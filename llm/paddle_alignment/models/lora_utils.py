@@ -2,8 +2,15 @@
 off rather than holding a second copy, and a merged copy can be saved for inference."""
 
 import contextlib
+import os
 
 from paddlenlp.peft import LoRAModel
+from paddlenlp.utils.env import LORA_CONFIG_NAME
+
+
+def is_adapters_folder(path):
+    """Whether `path` holds LoRA adapters (a LoRA run's output_dir/policy: no model weights of its own)."""
+    return os.path.isfile(os.path.join(path, LORA_CONFIG_NAME))
 
 
 def is_lora(model):
@@ -30,6 +37,3 @@ def merged_state_dict(model):
             state[f"{name}.weight"] = layer.weight + layer.get_delta_weight()
     return state
 
-
-def save_merged(model, folder):
-    model.model.save_pretrained(folder, state_dict=merged_state_dict(model))

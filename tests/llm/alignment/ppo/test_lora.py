@@ -14,6 +14,7 @@ from paddlenlp.transformers import AutoModelForCausalLM
 from helpers import REPO_ROOT, small_run_argv
 from llm.alignment.ppo import run_ppo
 from llm.predict import predictor
+from paddle_alignment.models.loading import load_policy
 from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
 
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
@@ -98,7 +99,7 @@ def predicted(world, data_file, output_file, *flags):
 def test_the_predictor_applies_adapters_given_as_lora_path(tiny_world, lora_run, tmp_path):
     # PaddleNLP's --lora_path: the base model with a LoRA run's adapters predicts as the run's merged policy.
     with_adapters = ["--model_name_or_path", tiny_world["model"], "--lora_path", str(lora_run / "policy")]
-    model, _ = predictor.load_policy(predictor.parse_arguments([*with_adapters, "--chat"]))
+    model, _ = load_policy(tiny_world["model"], str(lora_run / "policy"))
     merged = AutoModelForCausalLM.from_pretrained(str(lora_run / "policy_merged"))
     base = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
     merged.eval(), base.eval()

@@ -4,7 +4,7 @@ configure_cpu_runtime()  # MKL's code path and threads for this CPU, before help
 
 import pytest  # noqa: E402
 
-from helpers import DEMO_WORLD, build_tiny_world, train_reward_model  # noqa: E402
+from helpers import DEMO_WORLD, build_real_world, build_tiny_world, train_reward_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +31,9 @@ def demo_reward_model(demo_world, tmp_path_factory):
     """Stage 2 of the tiny pipeline on the demo's world, as config/tiny/rm_argument.json sets it: (path, eval metrics)."""
     output_dir = str(tmp_path_factory.mktemp("demo_reward_model"))
     return output_dir, train_reward_model(demo_world, output_dir)
+
+
+@pytest.fixture(scope="session")
+def real_world(tmp_path_factory):
+    """Qwen2.5-0.5B's shape (2 layers, vocabulary 151,936) in Hugging Face's layout, and its data."""
+    return build_real_world(str(tmp_path_factory.mktemp("real_world")))

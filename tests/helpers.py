@@ -18,6 +18,8 @@ from llm import run_finetune
 from llm.alignment.ppo import run_ppo
 from llm.alignment.ppo.reward_server import create_app, create_wsgi_server
 from llm.alignment.rm import run_reward
+from llm.tools import gen_kk
+from llm.tools.build_real_model import build_real_model
 from llm.tools.build_tiny_model import build_tiny_model
 from llm.tools.build_tokenizer import build_tokenizer
 from llm.tools.gen_arith import generate
@@ -124,6 +126,33 @@ def build_tiny_world(root, hidden_size=64, num_layers=2, sft_steps=200, sft_lear
         "sft_train": os.path.join(root, "data", "sft", "train.json"),
         "sft_logs": os.path.join(root, "sft_vdl"),
     }
+
+
+def build_real_world(root):
+    """Qwen2.5-0.5B's architecture cut to 2 layers (vocabulary 151,936, 166M parameters, random bfloat16
+    weights) written in Hugging Face's layout by llm/tools/build_real_model.py; knights-and-knaves prompts
+    of about 670 tokens; the arith SFT and preference data. Returns the paths."""
+    model = os.path.join(root, "qwen2.5-0.5b-2layers")
+    build_real_model("qwen2.5-0.5b", model, num_layers=2)
+    kk = os.path.join(root, "kk")
+    gen_kk.main(["--num_samples", "8", "--output", os.path.join(kk, "train.jsonl"), "--test_size", "4", "--test_output", os.path.join(kk, "test.jsonl")])
+    generate(os.path.join(root, "arith"), num_eval=8, num_sft=64)
+    return {
+        "model": model,
+        "train": os.path.join(kk, "train.jsonl"),
+        "eval": os.path.join(kk, "test.jsonl"),
+        "sft_train": os.path.join(root, "arith", "sft", "train.json"),
+        "pref_train": os.path.join(root, "arith", "pref", "train.jsonl"),
+        "pref_eval": os.path.join(root, "arith", "pref", "eval.jsonl"),
+    }
+
+
+# Real-length runs on the real-vocabulary world, kept short: ~670-token prompts, 8 new tokens, one
+# optimizer step per RL step.
+REAL_RUN = {
+    "max_prompt_len": 768, "max_dec_len": 8, "max_length": 776, "rollout_n": 2, "per_device_prompt_batch_size": 2,
+    "per_device_train_batch_size": 4, "per_device_eval_batch_size": 4, "logging_steps": 1, "warmup_ratio": 0.0,
+}
 
 
 # The tiny demo's model, data and SFT (llm/tools/tiny_demo.py with config/tiny/sft_argument.json).

@@ -147,6 +147,13 @@ def build_real_world(root):
     }
 
 
+def transformers_python():
+    """A Python with transformers and torch for the comparisons with them: this one, or $TRANSFORMERS_PYTHON; else None."""
+    python = os.environ.get("TRANSFORMERS_PYTHON", sys.executable)
+    probe = subprocess.run([python, "-c", "import transformers, torch"], capture_output=True)
+    return python if probe.returncode == 0 else None
+
+
 # Real-length runs on the real-vocabulary world, kept short: ~670-token prompts, 8 new tokens, one
 # optimizer step per RL step.
 REAL_RUN = {

@@ -27,3 +27,8 @@ def test_bench_rollout_prints_its_figure():
 def test_bench_optimizer_prints_its_figure():
     last = run_script("benchmarks/bench_optimizer.py", "--rounds", "1", "--steps", "2", "--layers", "1")
     assert last.startswith("speedup=") and float(last.split("=")[1]) > 0
+
+
+def test_bench_loading_prints_its_figure(tmp_path):
+    last = run_script("benchmarks/bench_loading.py", "--num_layers", "1", "--rounds", "1", "--work_dir", str(tmp_path))
+    assert last.startswith("speedup=") and float(last.split("=")[1]) > 0

@@ -10,7 +10,7 @@ import paddle
 import pytest
 from visualdl import LogReader
 
-from helpers import REAL_RUN, REPO_ROOT, RM_CONFIG, SFT_CONFIG, TINY_CONFIG, running_reward_server
+from helpers import REAL_RUN, REPO_ROOT, RM_CONFIG, SFT_CONFIG, TINY_CONFIG, running_reward_server, transformers_python
 from llm import run_finetune
 from llm.alignment.ppo import run_ppo
 from llm.alignment.rm import run_reward
@@ -19,7 +19,7 @@ from paddle_alignment.models.hf_layout import weight_files
 from paddle_alignment.models.loading import load_tokenizer, pretrained_causal_lm
 
 PPO_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "ppo_argument.json")
-TRANSFORMERS_PYTHON = os.environ.get("TRANSFORMERS_PYTHON")
+TRANSFORMERS_PYTHON = transformers_python()
 
 
 def argv(**values):

@@ -17,6 +17,7 @@ the tokenizer files.
 import json
 import os
 
+from paddlenlp.transformers import AutoConfig
 from paddlenlp.transformers.model_utils import no_init_weights
 from paddlenlp.utils.log import logger
 from safetensors import safe_open
@@ -78,6 +79,7 @@ def paddle_name(hf_name, prefix):
 
 
 def hf_name(name, prefix):
+    """The Hugging Face name of a Paddle parameter: paddle_name's inverse."""
     head, _, rest = name.partition(".")
     return {prefix: f"{HF_BACKBONE}.{rest}", SCORE_HEAD: f"{HF_SCORE}.{rest}"}.get(head, name)
 
@@ -89,9 +91,8 @@ def is_transposed(name, tensor):
 
 
 def model_class_config(folder, options):
-    """(config, model keyword arguments, dtype) as paddlenlp's from_pretrained makes them from `options`."""
-    from paddlenlp.transformers import AutoConfig
-
+    """(config, model keyword arguments) as paddlenlp's from_pretrained makes them from `options`: the
+    config's own attributes set on it, the others left for the model's constructor; `dtype` on the config."""
     options = dict(options)
     dtype = options.pop("dtype", None)
     config, model_kwargs = AutoConfig.from_pretrained(folder, return_unused_kwargs=True, **options)

@@ -2,7 +2,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import paddle
@@ -11,6 +10,7 @@ from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Q
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from helpers import transformers_python
 from paddle_alignment.models.hf_layout import SAFE_INDEX, hf_config, load_hf_folder, save_hf_weights, weight_files
 from paddle_alignment.models.loading import load_score_model, pretrained_causal_lm
 from paddle_alignment.models.score_model import AutoModelForScore
@@ -152,13 +152,6 @@ def test_the_exported_config_has_transformers_keys_only():
     config = hf_config(tiny_model(LlamaForCausalLM, LlamaConfig).config, "float32")
     assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
     assert not {"dtype", "tensor_parallel_degree", "pad_token_id", "fuse_attention_qkv"} & set(config)
-
-
-def transformers_python():
-    """A Python with transformers and torch (this one, or $TRANSFORMERS_PYTHON), else None."""
-    python = os.environ.get("TRANSFORMERS_PYTHON", sys.executable)
-    probe = subprocess.run([python, "-c", "import transformers, torch"], capture_output=True)
-    return python if probe.returncode == 0 else None
 
 
 LLAMA3_ROPE = {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}

@@ -171,15 +171,23 @@ def write_safetensors(tensors, folder, shard_bytes=SHARD_BYTES):
         shards[-1][key] = tensor
         size += nbytes
     if len(shards) == 1:
-        save_file(shards[0], os.path.join(folder, SAFE_WEIGHTS), metadata={"format": "pt"})
+        write_shard(shards[0], os.path.join(folder, SAFE_WEIGHTS))
         return
     weight_map = {}
     for i, shard in enumerate(shards, start=1):
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, os.path.join(folder, name), metadata={"format": "pt"})
+        write_shard(shard, os.path.join(folder, name))
         weight_map.update(dict.fromkeys(shard, name))
     total = sum(t.numel().item() * t.element_size() for t in tensors.values())
     write_json({"metadata": {"total_size": total}, "weight_map": weight_map}, os.path.join(folder, SAFE_INDEX))
+
+
+def write_shard(tensors, path):
+    save_file(tensors, path, metadata={"format": "pt"})
+    # safetensors creates the file owner-only; readable like the JSON files beside it (vLLM may serve as another user).
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def hf_config(config, dtype):

@@ -55,6 +55,8 @@ def test_a_hugging_face_folder_loads_with_the_same_logits(tmp_path, model_class,
         assert ("lm_head.weight" in f.keys()) is not tie
     config = json.load(open(os.path.join(folder, "config.json")))
     assert config["architectures"] == [model_class.__name__] and config["tie_word_embeddings"] is tie
+    # As readable as config.json (safetensors itself creates files owner-only).
+    assert os.stat(os.path.join(folder, "model.safetensors")).st_mode & 0o777 == os.stat(os.path.join(folder, "config.json")).st_mode & 0o777
 
 
 def test_a_sharded_folder_loads_through_its_index(tmp_path):

@@ -19,24 +19,24 @@ from paddle_alignment.models.score_model import AutoModelForScore
 from paddle_alignment.models.tensor_parallel import shard_model
 
 
-def load_options(training_args, recompute_granularity=None, trains=True):
+def load_options(training_args, recompute_granularity=None):
     """from_pretrained options: the weights' dtype (load_dtype); `recompute_granularity` for the models
     that train; PaddleNLP's fused-kernel switches (arguments.ModelKernelArguments) as model-config attributes."""
     options = dict(training_args.model_config_flags()) if hasattr(training_args, "model_config_flags") else {}
-    options["dtype"] = load_dtype(training_args, trains)
+    options["dtype"] = load_dtype(training_args)
     if recompute_granularity is not None:
         options["recompute_granularity"] = recompute_granularity
     return options
 
 
-def load_dtype(training_args, trains):
-    """Half precision with O2 mixed precision (PaddleNLP's choice), and for frozen models (reference,
-    reward) under any bf16/fp16 autocast, which rounds their weights to half precision for every matmul
-    anyway; float32 otherwise. Never the checkpoint's own dtype: bfloat16 in most downloads' config.json,
-    it would make O1 train half-precision weights, where a 1e-6 learning rate's updates round away."""
-    half = "bfloat16" if training_args.bf16 else "float16" if training_args.fp16 else None
-    if half and (training_args.fp16_opt_level == "O2" or not trains):
-        return half
+def load_dtype(training_args):
+    """Half precision with O2 mixed precision, float32 otherwise (PaddleNLP's choice), for every model of a
+    run alike. Never the checkpoint's own dtype: bfloat16 in most downloads' config.json, it would make O1
+    train half-precision weights, where a 1e-6 learning rate's updates round away. Frozen models take the
+    trained ones' dtype too: with half-precision weights their residual stream would round differently
+    under the same autocast, and the KL to the reference would not start at 0."""
+    if training_args.fp16_opt_level == "O2" and (training_args.bf16 or training_args.fp16):
+        return "bfloat16" if training_args.bf16 else "float16"
     return "float32"
 
 
@@ -44,16 +44,16 @@ def tensor_parallel_degree(training_args):
     return max(training_args.tensor_parallel_degree, 1)
 
 
-def load_causal_lm(path, training_args, recompute_granularity=None, trains=True):
+def load_causal_lm(path, training_args, recompute_granularity=None):
     """The causal LM at `path`, split over the tensor-parallel group."""
-    model = pretrained_causal_lm(path, **load_options(training_args, recompute_granularity, trains))
+    model = pretrained_causal_lm(path, **load_options(training_args, recompute_granularity))
     return with_cpu_kernels(shard_model(model, tensor_parallel_degree(training_args)), training_args)
 
 
-def load_score_model(path, training_args, recompute_granularity=None, trains=True, **score_options):
+def load_score_model(path, training_args, recompute_granularity=None, **score_options):
     """The score model (backbone + score head) at `path` with `score_options`, split over the
     tensor-parallel group; a causal LM's path gives its backbone and a fresh head."""
-    options = {**score_options, **load_options(training_args, recompute_granularity, trains)}
+    options = {**score_options, **load_options(training_args, recompute_granularity)}
     model = from_folder(path, AutoModelForScore, AutoModelForScore.class_for, options)
     return with_cpu_kernels(shard_model(model, tensor_parallel_degree(training_args)), training_args)
 

@@ -55,10 +55,10 @@ def load_rl_models(model_args, training_args, with_critic=True):
         actor = with_lora(actor, model_args, training_args)
     reference = None
     if training_args.uses_reference_model and not (model_args.lora and model_args.reference_model_name_or_path is None):
-        reference = frozen(load_causal_lm(model_args.reference_model_name_or_path or actor_path, training_args, trains=False))
+        reference = frozen(load_causal_lm(model_args.reference_model_name_or_path or actor_path, training_args))
     reward_model = None
     if model_args.reward_model_name_or_path:
-        reward_model = frozen(load_score_model(model_args.reward_model_name_or_path, training_args, trains=False))
+        reward_model = frozen(load_score_model(model_args.reward_model_name_or_path, training_args))
     critic = None
     if training_args.uses_critic and with_critic:
         initial = model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path or actor_path

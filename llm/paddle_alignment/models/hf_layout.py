@@ -120,6 +120,8 @@ def load_hf_folder(folder, class_for_config, **options):
         with safe_open(path, framework="paddle") as f:
             for key in f.keys():
                 name = paddle_name(key, model.base_model_prefix)
+                if config.tie_word_embeddings and name == "lm_head.weight":
+                    continue  # some tools save a tied head anyway; the model's is the embedding, loaded as such
                 if name not in targets:
                     unused += [] if key.endswith(IGNORED_SUFFIXES) else [key]
                     continue

@@ -102,6 +102,17 @@ def test_a_folder_of_safetensors_without_metadata_is_told_by_its_names(tmp_path)
     np.testing.assert_array_equal(logits(pretrained_causal_lm(folder)), logits(model))
 
 
+def test_a_tied_head_saved_anyway_is_the_embedding(tmp_path):
+    # transformers leaves a tied lm_head.weight out, but some tools write it: it is not the [in, out] Linear weight.
+    model = tiny_model(tie_word_embeddings=True)
+    folder = hf_folder(model, tmp_path / "hf")
+    path = os.path.join(folder, "model.safetensors")
+    with safe_open(path, framework="np") as f:
+        tensors = {key: f.get_tensor(key) for key in f.keys()}
+    save_file({**tensors, "lm_head.weight": tensors["model.embed_tokens.weight"]}, path, metadata={"format": "pt"})
+    np.testing.assert_array_equal(logits(pretrained_causal_lm(folder)), logits(model))
+
+
 def test_a_score_model_starts_from_a_causal_lm_folder_with_a_fresh_head(tmp_path, monkeypatch):
     model = tiny_model(initializer_range=0.5)
     folder = hf_folder(model, tmp_path / "hf")

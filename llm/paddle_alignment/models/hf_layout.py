@@ -164,7 +164,7 @@ def hf_tensors(state, prefix, tied_embeddings):
 
 def write_safetensors(tensors, folder, shard_bytes=SHARD_BYTES):
     """`tensors` as `model.safetensors`, or as numbered shards of at most `shard_bytes` with their index."""
-    shards, size = [{}], 0
+    shards, size, total = [{}], 0, 0
     for key, tensor in tensors.items():
         nbytes = tensor.numel().item() * tensor.element_size()
         if shards[-1] and size + nbytes > shard_bytes:
@@ -172,6 +172,7 @@ def write_safetensors(tensors, folder, shard_bytes=SHARD_BYTES):
             size = 0
         shards[-1][key] = tensor
         size += nbytes
+        total += nbytes
     if len(shards) == 1:
         write_shard(shards[0], os.path.join(folder, SAFE_WEIGHTS))
         return
@@ -180,7 +181,6 @@ def write_safetensors(tensors, folder, shard_bytes=SHARD_BYTES):
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         write_shard(shard, os.path.join(folder, name))
         weight_map.update(dict.fromkeys(shard, name))
-    total = sum(t.numel().item() * t.element_size() for t in tensors.values())
     write_json({"metadata": {"total_size": total}, "weight_map": weight_map}, os.path.join(folder, SAFE_INDEX))
 
 

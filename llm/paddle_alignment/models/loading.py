@@ -112,9 +112,11 @@ def pretrained_tokenizer(path):
     for its other spelling."""
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
         return AutoTokenizer.from_pretrained(path)
-    with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as f:
-        if json.load(f).get("tokenizer_class") == "PreTrainedTokenizerFast":
-            return PretrainedTokenizerFast.from_pretrained(path)
+    config_file = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(config_file):
+        with open(config_file, encoding="utf-8") as f:
+            if json.load(f).get("tokenizer_class") == "PreTrainedTokenizerFast":
+                return PretrainedTokenizerFast.from_pretrained(path)
     return AutoTokenizer.from_pretrained(path, use_fast=True)
 
 

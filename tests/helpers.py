@@ -270,7 +270,7 @@ def protocol_only_app(environ, start_response):
         start_response("404 Not Found", [("Content-Type", "application/json")])
         return [b'{"detail": "Not Found"}']
     body = json.loads(environ["wsgi.input"].read(int(environ["CONTENT_LENGTH"])))
-    scores = get_reward_task("arith").score_batch(body["src"], body["tgt"], body["response"])
+    scores = get_reward_task("arith").score_batch(body["src"], body["tgt"], body["response"]).scores
     start_response("200 OK", [("Content-Type", "application/json")])
     return [json.dumps({"error_code": 0, "error_msg": "Success", "score": scores}).encode()]
 

@@ -17,6 +17,8 @@ class Experience:
     group_index      [B] int64       which prompt a response answers (GRPO groups)
     finished         [B] bool        the response ended with EOS (not cut at max_dec_len)
     scores           [B] float32     raw score of the reward source (rule, server or reward model)
+    score_parts      [B, K] float32  the score's parts (a rule with parts: the columns of the scorer's `parts`)
+    unscored         [B] bool        the reward source could not score the row: it got the rule's min score
     rewards          [B] float32     the score after penalties, normalisation and clipping
     old_logprobs     [B, R] float32  actor log-probs at rollout time (None: on-policy, use detached current ones)
     ref_logprobs     [B, R] float32  reference-model log-probs (None without a KL term)
@@ -35,6 +37,8 @@ class Experience:
     labels: List[str]
     responses: List[str]
     scores: Optional[paddle.Tensor] = None
+    score_parts: Optional[paddle.Tensor] = None
+    unscored: Optional[paddle.Tensor] = None
     rewards: Optional[paddle.Tensor] = None
     old_logprobs: Optional[paddle.Tensor] = None
     ref_logprobs: Optional[paddle.Tensor] = None
@@ -91,7 +95,7 @@ class Experience:
             "group_index": paddle.concat(groups),
             "finished": paddle.concat([b.finished for b in batches]),
         }
-        for name in ("scores", "rewards"):  # present once the batches are scored
+        for name in ("scores", "score_parts", "unscored", "rewards"):  # present once the batches are scored
             if all(getattr(b, name) is not None for b in batches):
                 merged[name] = paddle.concat([getattr(b, name) for b in batches])
         for name in ("old_logprobs", "ref_logprobs"):  # present when recorded at sampling time (decoupled rollout)

@@ -28,7 +28,7 @@ from paddlenlp.utils.log import logger
 from paddle_alignment.algos import ADVANTAGE_ESTIMATORS
 from paddle_alignment.algos.losses import LossScale
 from paddle_alignment.algos.masked import masked_mean
-from paddle_alignment.algos.metrics import explained_variance, rlhf_objective_metrics
+from paddle_alignment.algos.metrics import explained_variance, rlhf_objective_metrics, score_part_metrics
 from paddle_alignment.algos.registry import call_with_options
 from paddle_alignment.algos.reward_shaping import groups_with_reward_variance, shape_rewards
 from paddle_alignment.algos.schedules import build_lr_scheduler
@@ -500,6 +500,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         }
         if self.reward_scorer.max_score is not None:
             local["accuracy"] = float((exp.scores >= self.reward_scorer.max_score).astype("float32").mean())
+        local |= score_part_metrics(exp, self.reward_scorer.parts)
         local |= rlhf_objective_metrics(exp.scores, exp.response_mask, exp.old_logprobs, exp.ref_logprobs, args.kl_coeff)
         if exp.values is not None:
             local["val/value_mean"] = float(masked_mean(exp.values, exp.response_mask))
@@ -507,11 +508,16 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         local |= {k: v for k, v in generation.items() if k != "rollout_seconds"}
         metrics = mean_over_ranks(local)
         totals = all_reduce_scalars(
-            {"rate": float(lengths.sum()) / max(generation["rollout_seconds"], 1e-9), "eos": float(exp.finished.astype("float32").sum())}
+            {
+                "rate": float(lengths.sum()) / max(generation["rollout_seconds"], 1e-9),
+                "eos": float(exp.finished.astype("float32").sum()),
+                "unscored": float(exp.unscored.astype("float32").sum()) if exp.unscored is not None else 0.0,
+            }
         )
         # Ranks decode at the same time, so their rates add up.
         metrics["rollout_tokens_per_s"] = totals["rate"]
         metrics["val/num_eos_tokens"] = totals["eos"]
+        metrics["reward_error_rows"] = totals["unscored"]
         metrics["response_length_max"] = all_reduce_scalars({"max": float(lengths.max())}, op=dist.ReduceOp.MAX)["max"]
         return metrics
 

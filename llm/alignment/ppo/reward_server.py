@@ -1,19 +1,27 @@
 """Reward server scoring responses with a rule reward from `rewards/` (PaddleNLP-compatible protocol).
 
-    python llm/alignment/ppo/reward_server.py --task kk --host 127.0.0.1 --port 8731
+    python llm/alignment/ppo/reward_server.py --task math --host 127.0.0.1 --port 8731
 
 POST /        {"src": [str], "tgt": [str], "response": [str]}
               -> 200 {"error_code": 0, "error_msg": "Success", "score": [float]}
-GET  /health  -> 200 {"status": "ok", "task": str, "max_score": float}   (optional for clients: PaddleNLP's has none)
-Any failure   -> 4xx/5xx {"error_code": <the HTTP status>, "error_msg": str, "score": []}
+                 + "row_errors": [{"index": int, "error_msg": str}]   when rows could not be scored
+                 + "score_parts": {name: [float]}                     for a task with parts (math_think_answer)
+GET  /health  -> 200 {"status": "ok", "task": str, "max_score": float, "min_score": float, "parts": {name: [min, max]}}
+                 (optional for clients: PaddleNLP's has none)
+A refused request -> 4xx/5xx {"error_code": <the HTTP status>, "error_msg": str, "score": []}
 
-A bad request (malformed or too deeply nested JSON, missing keys, wrong types, unequal lengths, a tgt the
-task's rule cannot read) gets 400, too many items, bytes or characters in one item 413, a missing or
-wrong API key 401. An item the rule cannot score otherwise (it raises, or gives a non-finite score) gets
-422. Errors about an item name the task, the item's index and its src/tgt/response (each cut to 200 chars):
-    reward 'arith' cannot score item 3 (src='4+2=', tgt='abc', response='12'): TargetError: ...
-An unexpected error in the server gets 500. Every answer of this protocol is final for its request:
-clients retry only outages, such as a proxy's 502/503/504 with a body that is not of this protocol.
+One bad row never fails the batch: a row whose src/tgt/response is not a string, whose src or tgt is over
+`--max_item_chars`, whose tgt the task's rule cannot read, or that the rule fails on gets the task's
+min_score and an entry in row_errors naming the task, the row and its values (each cut to 200 chars):
+    reward 'math' cannot score item 3 (src='...', tgt='seventy-two', response='72'): TargetError: ...
+Responses of any length are scored (the math rules read the last 4,000 characters). Only a request the
+protocol cannot answer row by row is refused: a body that is not a JSON object of three equal-length
+lists (400), over `--max_batch` rows or `--max_content_length` bytes (413), a missing or wrong API key
+(401); an unexpected error in the server gets 500. Every answer of this protocol is final for its
+request: clients retry only outages, such as a proxy's 502/503/504 with a body that is not of this protocol.
+
+The math rules compare symbolic answers in `--grading_workers` worker processes, each comparison ended
+at `--grading_deadline` seconds (then graded wrong, with a warning that counts them).
 
 It serves with waitress, a production WSGI server: connections idle for `--connection_timeout` seconds
 are closed (a stalled client holds no worker thread meanwhile), and the listen backlog and connection
@@ -32,14 +40,15 @@ import waitress  # noqa: E402
 from flask import Flask, jsonify, request  # noqa: E402
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge  # noqa: E402
 
-from paddle_alignment.rewards import API_KEY_ENV, REWARD_TASKS, RewardInputError, get_reward_task  # noqa: E402
+from paddle_alignment.rewards import API_KEY_ENV, REWARD_TASKS, describe_item, get_reward_task  # noqa: E402
+from paddle_alignment.rewards import symbolic  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
 REQUEST_KEYS = ("src", "tgt", "response")
 DEFAULT_MAX_BATCH = 4096
 DEFAULT_MAX_CONTENT_LENGTH = 64 * 1024 * 1024
-# Far above a response of 32k tokens; rules are linear, so this bounds one item's scoring time.
+# Far above a prompt of 32k tokens.
 DEFAULT_MAX_ITEM_CHARS = 256 * 1024
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 JSON_TYPE_NAMES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
@@ -53,17 +62,16 @@ class RequestError(Exception):
         self.status = status
 
 
-def reply(status, message, scores=()):
-    body = {"error_code": 0 if status == 200 else status, "error_msg": message, "score": list(scores)}
-    return jsonify(body), status
+def refusal(status, message):
+    return jsonify({"error_code": status, "error_msg": message, "score": []}), status
 
 
 def json_type(value):
     return JSON_TYPE_NAMES.get(type(value), "null")
 
 
-def parse_batch(raw_body, max_batch, max_item_chars):
-    """The src, tgt and response lists of a request body, checked."""
+def parse_batch(raw_body, max_batch):
+    """The src, tgt and response lists of a request body, as sent (items may be of any JSON type)."""
     try:
         body = json.loads(raw_body)
     except ValueError as error:  # also bodies that are not UTF-8
@@ -78,15 +86,9 @@ def parse_batch(raw_body, max_batch, max_item_chars):
     for key in REQUEST_KEYS:
         if key not in body:
             raise RequestError(400, f"request body lacks key {key!r}")
-        column = body[key]
-        if not isinstance(column, list):
-            raise RequestError(400, f"{key!r} must be a list of strings, got {json_type(column)}")
-        for index, item in enumerate(column):
-            if not isinstance(item, str):
-                raise RequestError(400, f"{key}[{index}] must be a string, got {json_type(item)}")
-            if len(item) > max_item_chars:
-                raise RequestError(413, f"{key}[{index}] has {len(item)} characters, over max_item_chars={max_item_chars}")
-        columns.append(column)
+        if not isinstance(body[key], list):
+            raise RequestError(400, f"{key!r} must be a list of strings, got {json_type(body[key])}")
+        columns.append(body[key])
     lengths = [len(column) for column in columns]
     if len(set(lengths)) > 1:
         sizes = ", ".join(f"{key}={length}" for key, length in zip(REQUEST_KEYS, lengths))
@@ -94,6 +96,36 @@ def parse_batch(raw_body, max_batch, max_item_chars):
     if lengths[0] > max_batch:
         raise RequestError(413, f"batch of {lengths[0]} items exceeds max_batch={max_batch}")
     return columns
+
+
+def malformed_row(task, index, row, max_item_chars):
+    """Why the row (src, tgt, response) cannot be given to the rule, or None when it can."""
+    for key, item in zip(REQUEST_KEYS, row):
+        if not isinstance(item, str):
+            return f"reward {task.name!r} cannot score item {index}: {key} must be a string, got {json_type(item)}"
+    for key, item in zip(REQUEST_KEYS[:2], row):
+        if len(item) > max_item_chars:
+            return (
+                f"reward {task.name!r} cannot score {describe_item(index, *row)}: "
+                f"{key} has {len(item)} characters, over max_item_chars={max_item_chars}"
+            )
+    return None
+
+
+def score_rows(task, src, tgt, response, max_item_chars):
+    """The reply's body for a parsed batch: every row scored, the malformed ones at min_score."""
+    rows = list(zip(src, tgt, response))
+    problems = {index: malformed_row(task, index, row, max_item_chars) for index, row in enumerate(rows)}
+    scored = task.score_batch(src, tgt, response, {index: why for index, why in problems.items() if why})
+    body = {"error_code": 0, "error_msg": "Success", "score": scored.scores}
+    if scored.errors:
+        body["error_msg"] = f"{len(scored.errors)} of {len(rows)} rows could not be scored and got min_score {task.min_score:g}"
+        body["row_errors"] = [{"index": index, "error_msg": message} for index, message in scored.errors]
+        for _, message in scored.errors:
+            logger.warning("%s", message)
+    if scored.parts:
+        body["score_parts"] = scored.parts
+    return body
 
 
 def create_app(
@@ -128,35 +160,30 @@ def create_app(
         if len(raw_body) == max_content_length:
             # A chunked body is cut at the limit, not refused: reading past it raises the 413.
             request.stream.read(1)
-        src, tgt, response = parse_batch(raw_body, max_batch, max_item_chars)
-        try:
-            scores = task.score_batch(src, tgt, response)
-        except RewardInputError as error:
-            logger.exception("%s", error)
-            # 4xx, not 500: the data cannot be scored, so a client must not retry it as an outage.
-            raise RequestError(400 if error.unreadable_target else 422, str(error)) from error
-        return reply(200, "Success", scores)
+        src, tgt, response = parse_batch(raw_body, max_batch)
+        return jsonify(score_rows(task, src, tgt, response, max_item_chars)), 200
 
     @app.get("/health")
     def health():
-        return jsonify(status="ok", task=task.name, max_score=task.max_score)
+        parts = {name: list(bounds) for name, bounds in task.parts.items()}
+        return jsonify(status="ok", task=task.name, max_score=task.max_score, min_score=task.min_score, parts=parts)
 
     @app.errorhandler(RequestError)
     def request_error(error):
-        return reply(error.status, str(error))
+        return refusal(error.status, str(error))
 
     @app.errorhandler(RequestEntityTooLarge)
     def body_too_large(error):
-        return reply(error.code, f"request body exceeds max_content_length={max_content_length} bytes")
+        return refusal(error.code, f"request body exceeds max_content_length={max_content_length} bytes")
 
     @app.errorhandler(HTTPException)
     def http_error(error):
-        return reply(error.code, f"{error.name}: {request.method} {request.path}")
+        return refusal(error.code, f"{error.name}: {request.method} {request.path}")
 
     @app.errorhandler(Exception)
     def unexpected_error(error):
         logger.exception("unexpected error serving %s %s", request.method, request.path)
-        return reply(500, f"internal error: {type(error).__name__}: {error}")
+        return refusal(500, f"internal error: {type(error).__name__}: {error}")
 
     return app
 
@@ -185,11 +212,20 @@ def main(argv=None):
     parser.add_argument("--port", type=int, default=8731)
     parser.add_argument("--max_batch", type=int, default=DEFAULT_MAX_BATCH, help="most items in one request")
     parser.add_argument("--max_content_length", type=int, default=DEFAULT_MAX_CONTENT_LENGTH, help="bytes")
-    parser.add_argument("--max_item_chars", type=int, default=DEFAULT_MAX_ITEM_CHARS, help="most characters in one src/tgt/response")
+    parser.add_argument(
+        "--max_item_chars", type=int, default=DEFAULT_MAX_ITEM_CHARS, help="most characters of one src or tgt (a longer one is a row error)"
+    )
     parser.add_argument(
         "--api_key", default=os.environ.get(API_KEY_ENV), help=f"shared secret clients must send (default: ${API_KEY_ENV})"
     )
     parser.add_argument("--threads", type=int, default=8, help="worker threads scoring requests")
+    parser.add_argument(
+        "--grading_workers", type=int, default=symbolic.DEFAULT_WORKERS, help="worker processes comparing symbolic math answers"
+    )
+    parser.add_argument(
+        "--grading_deadline", type=float, default=symbolic.DEFAULT_DEADLINE,
+        help="seconds one symbolic comparison may take before it is graded wrong (with a counted warning)",
+    )
     parser.add_argument("--connection_timeout", type=int, default=60, help="seconds before an idle connection is closed")
     parser.add_argument("--backlog", type=int, default=2048, help="connections the OS queues before accepting")
     parser.add_argument("--max_connections", type=int, default=1000, help="open connections served at once")
@@ -198,6 +234,7 @@ def main(argv=None):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     try:
+        symbolic.configure(args.grading_workers, args.grading_deadline)
         app = create_app(args.task, args.max_batch, args.max_content_length, args.max_item_chars, args.api_key)
     except ValueError as error:
         parser.error(str(error))

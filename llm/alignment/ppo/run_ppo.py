@@ -24,7 +24,7 @@ from paddle_alignment.data import PromptOnlyDataset, SupervisedDataset
 from paddle_alignment.distributed import finish_distributed_run
 from paddle_alignment.models.loading import load_tokenizer
 from paddle_alignment.models.rl_models import load_rl_models
-from paddle_alignment.rewards.scoring import build_reward_scorer
+from paddle_alignment.rewards.scoring import build_reward_scorer, reference_checker
 from paddle_alignment.rollout.decoupled import DecoupledRollout
 
 
@@ -47,15 +47,17 @@ def build_trainer(argv):
     tokenizer = load_tokenizer(model_args.tokenizer_name_or_path or model_args.actor_model_name_or_path, training_args.eos_token)
     actor, reference, reward_model, critic = load_rl_models(model_args, training_args)
     columns = {"seed": training_args.seed, "prompt_key": data_args.prompt_key, "label_key": data_args.label_key}
+    reward_tokenizer = load_tokenizer(model_args.reward_model_name_or_path) if reward_model is not None else None
+    reward_scorer = build_reward_scorer(training_args, reward_model, reward_tokenizer)
 
     def prompts(datasets, max_samples=0):
         # Rule rewards and the reward server compare responses with the reference answer.
         return PromptOnlyDataset(
             datasets, tokenizer, data_args.max_prompt_len, max_samples, require_label=reward_model is None,
-            filter_overlong_prompts=data_args.filter_overlong_prompts, **columns,
+            filter_overlong_prompts=data_args.filter_overlong_prompts, check_label=reference_checker(reward_scorer),
+            **columns,
         )
 
-    reward_tokenizer = load_tokenizer(model_args.reward_model_name_or_path) if reward_model is not None else None
     return PPOTrainer(
         model=actor,
         reference_model=reference,
@@ -63,7 +65,7 @@ def build_trainer(argv):
         args=training_args,
         train_dataset=prompts(data_args.train_datasets),
         eval_dataset=prompts(data_args.eval_datasets, data_args.max_eval_samples) if data_args.eval_datasets else None,
-        reward_scorer=build_reward_scorer(training_args, reward_model, reward_tokenizer),
+        reward_scorer=reward_scorer,
         critic_model=critic,
         ptx_dataset=SupervisedDataset(data_args.ptx_datasets, tokenizer, data_args.max_length, **columns) if data_args.ptx_datasets else None,
         lora_save_merged=model_args.lora_save_merged,

@@ -27,3 +27,16 @@ def rlhf_objective_metrics(scores, response_mask, logprobs=None, ref_logprobs=No
         metrics["objective/rlhf_reward"] = (scores - kl_coeff * kl).mean()
     return {k: float(v) for k, v in metrics.items()}
 
+
+
+def score_part_metrics(exp, parts):
+    """Each score part's mean and accuracy (the share of responses at the part's max), for a reward with
+    parts {name: (min, max)}: the GSM8K recipe's answer_accuracy and format_accuracy."""
+    if exp.score_parts is None:
+        return {}
+    metrics = {}
+    for column, (name, (_, best)) in enumerate(parts.items()):
+        values = exp.score_parts[:, column]
+        metrics[f"{name}_reward_mean"] = float(values.mean())
+        metrics[f"{name}_accuracy"] = float((values >= best).astype("float32").mean())
+    return metrics

@@ -7,7 +7,7 @@ the Hub repository under the working directory (`PKU-Alignment/PKU-SafeRLHF`).
 
 from dataclasses import fields
 
-from paddle_alignment.data.raw import RawDataset, RawSample, read_rows
+from paddle_alignment.data.raw import RawDataset, RawSample, numbered_rows
 
 RAW_SAMPLE_FIELDS = {f.name for f in fields(RawSample)}
 
@@ -87,7 +87,8 @@ class JsonFileDataset(RawDataset):
 
     def load(self, path, prompt_key="src", label_key="tgt"):
         renames = {prompt_key: "prompt", label_key: "answer"}
-        for number, row in enumerate(read_rows(path), start=1):
+        self.lines = []
+        for number, row in numbered_rows(path):
             # A null is an absent value (parquet writes one wherever a row lacks the column).
             values = {renames.get(k, k): v for k, v in row.items() if renames.get(k, k) in RAW_SAMPLE_FIELDS and v is not None}
             if values.get("prompt") is None and values.get("input") is None and values.get("dialogue") is None:
@@ -96,4 +97,8 @@ class JsonFileDataset(RawDataset):
                 if key in values and not isinstance(values[key], str):
                     column = {"prompt": prompt_key, "answer": label_key}.get(key, key)
                     raise ValueError(f"{path} row {number}: column {column!r} must be a string")
+            self.lines.append(number)
             yield RawSample(**values)
+
+    def location(self, index):
+        return f"{self.path}:{self.lines[index]}"

@@ -8,12 +8,14 @@ they are.
 """
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import paddle
 
 from paddle_alignment.data import builtin  # noqa: F401  (registers the built-in datasets)
 from paddle_alignment.data.raw import load_raw_dataset, parse_dataset_specs
+from paddle_alignment.rewards import TargetError
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,9 @@ def encode_completion(tokenizer, prompt, completion, add_eos=True):
     return ids + [tokenizer.eos_token_id] if add_eos else ids
 
 
+LABEL_CHECK_THREADS = 4
+
+
 def require(sample, names, where):
     for name in names:
         if getattr(sample, name) is None:
@@ -68,7 +73,7 @@ class TokenizedDataset(paddle.io.Dataset):
         for spec in parse_dataset_specs(datasets):
             raw = load_raw_dataset(spec, prompt_key=prompt_key, label_key=label_key)
             for index in mixed_indices(len(raw), spec.proportion, seed):
-                item = self.build(raw[index], f"dataset {spec.name!r} ({raw.path}) row {index + 1}")
+                item = self.build(raw[index], raw.location(index))
                 if item is None:
                     self.dropped += 1
                 else:
@@ -89,17 +94,21 @@ class TokenizedDataset(paddle.io.Dataset):
 class PromptOnlyDataset(TokenizedDataset):
     """Prompts for rollouts: item = {"prompt": str, "label": str, "input_ids": list[int]}. The label (the
     reference answer) goes to rule rewards and the reward server, so with `require_label` a row without
-    one stops the run; else it is "". Prompts over `max_prompt_len` tokens are truncated on the tokenizer's
-    truncation side (PaddleNLP's RLHFDataset; the reward still sees the whole prompt text), or skipped with
-    `filter_overlong_prompts`."""
+    one stops the run; else it is "". `check_label` (the rule reward's `check_target`) raises TargetError
+    for a label the reward cannot read: the run stops before training, naming the file, line and value.
+    Prompts over `max_prompt_len` tokens are truncated on the tokenizer's truncation side (PaddleNLP's
+    RLHFDataset; the reward still sees the whole prompt text), or skipped with `filter_overlong_prompts`."""
 
     def __init__(
         self, datasets, tokenizer, max_prompt_len, max_samples=0, require_label=False, filter_overlong_prompts=False,
-        **options,
+        check_label=None, **options,
     ):
         self.max_prompt_len, self.require_label = max_prompt_len, require_label
         self.filter_overlong_prompts, self.truncated = filter_overlong_prompts, 0
+        self.locations = []
         super().__init__(datasets, tokenizer, **options)
+        if check_label is not None:
+            check_labels(check_label, [item["label"] for item in self.items], self.locations, self.label_key)
         if max_samples > 0:
             self.items = self.items[:max_samples]
         if self.dropped:
@@ -118,7 +127,27 @@ class PromptOnlyDataset(TokenizedDataset):
             self.truncated += 1
             keep_end = getattr(self.tokenizer, "truncation_side", "right") == "left"
             input_ids = input_ids[-self.max_prompt_len :] if keep_end else input_ids[: self.max_prompt_len]
+        self.locations.append(where)
         return {"prompt": prompt, "label": sample.answer or "", "input_ids": input_ids}
+
+
+def check_labels(check_label, labels, locations, label_key):
+    """Raise a ValueError naming the first label (in data order) that `check_label` refuses. Distinct
+    labels are checked once, on threads: a symbolic reference is parsed in a worker process."""
+    distinct = list(dict.fromkeys(labels))
+    with ThreadPoolExecutor(LABEL_CHECK_THREADS) as pool:
+        problems = dict(zip(distinct, pool.map(lambda label: refusal(check_label, label), distinct)))
+    for label, where in zip(labels, locations):
+        if problems[label] is not None:
+            raise ValueError(f"{where}: the reward cannot read the reference answer ({label_key!r}): {problems[label]}")
+
+
+def refusal(check_label, label):
+    try:
+        check_label(label)
+    except TargetError as error:
+        return str(error)
+    return None
 
 
 class SupervisedDataset(TokenizedDataset):

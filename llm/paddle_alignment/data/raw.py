@@ -82,6 +82,10 @@ class RawDataset:
     def __getitem__(self, index):
         return self.samples[index]
 
+    def location(self, index):
+        """Where sample `index` comes from, for errors."""
+        return f"dataset {self.NAME!r} ({self.path}) row {index + 1}"
+
 
 @dataclass
 class DatasetSpec:
@@ -129,10 +133,16 @@ def load_raw_dataset(spec: DatasetSpec, **options):
 
 def read_rows(path):
     """Rows of a local .jsonl / .json (lines or one array) / .parquet file as dicts; errors name file and line."""
+    return [row for _, row in numbered_rows(path)]
+
+
+def numbered_rows(path):
+    """(line, row) of each row of a data file (`read_rows`); the line is the row's number in a JSON array
+    or a parquet file."""
     if path.endswith(".parquet"):
         import datasets
 
-        return list(datasets.load_dataset("parquet", data_files=path, split="train"))
+        return list(enumerate(datasets.load_dataset("parquet", data_files=path, split="train"), start=1))
     with open(path, encoding="utf-8") as f:
         text = f.read()
     if text.lstrip().startswith("["):
@@ -147,7 +157,7 @@ def read_rows(path):
     for number, row in numbered:
         if not isinstance(row, dict):
             raise ValueError(f"{path}:{number}: a row must be a JSON object")
-        rows.append(row)
+        rows.append((number, row))
     return rows
 
 

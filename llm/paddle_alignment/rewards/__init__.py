@@ -1,17 +1,20 @@
-"""Rule rewards: `score(src, tgt, response) -> float`, registered by task name.
+"""Rule rewards: `score(src, tgt, response)`, registered by task name.
 
-Each task also declares `max_score`, the score of a fully correct answer; a response counts as
-accurate when it reaches it. Rule rewards parse model output; they never execute it.
+A rule returns a float, or a dict of named parts (the score is their sum: the GSM8K recipe's answer and
+format rewards). Each task declares `max_score`, the score of a fully correct answer (a response counts as
+accurate when it reaches it), `min_score`, what a row it cannot score gets, and `read_target`, which
+raises `TargetError` when a reference answer (tgt) is not in a form the rule reads, so a data file can be
+checked when it loads. Rule rewards parse model output; they never execute it.
 
-`RewardTask.score_batch` is how the reward server and the in-process scorer call a rule: an item the
-rule cannot score stops the batch with a `RewardInputError` naming the task, the item and its values.
-A rule raises `TargetError` when the item's tgt is not in the form it reads (the caller's data is at
-fault, not the response), which the error records as `unreadable_target`.
+`RewardTask.score_batch` is how the reward server and the in-process scorer call a rule: one bad row
+never stops the batch. A row the rule cannot score (its tgt unreadable, the rule raising or giving a
+non-finite score) gets `min_score` and an error naming the task, the row and its values; the others are
+scored as usual.
 """
 
 import math
-from dataclasses import dataclass
-from typing import Callable, Dict
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Tuple
 
 SHOWN_CHARS = 200
 API_KEY_ENV = "REWARD_SERVER_API_KEY"  # the reward server's shared secret, read by the server and the trainer's client
@@ -24,10 +27,6 @@ class TargetError(ValueError):
 class RewardInputError(ValueError):
     """A rule reward could not score one item; the message names the task, the item and its values."""
 
-    def __init__(self, message, unreadable_target=False):
-        super().__init__(message)
-        self.unreadable_target = unreadable_target
-
 
 def shown(text, as_text=repr):
     """`as_text(text)`, cut to SHOWN_CHARS so one bad megabyte response does not flood the log."""
@@ -36,34 +35,69 @@ def shown(text, as_text=repr):
     return f"{as_text(text[:SHOWN_CHARS])}... ({len(text)} chars)"
 
 
+@dataclass
+class ScoredBatch:
+    """The scores of a batch, its rows' score parts by name (empty for a rule without parts), and the
+    (row, message) of each row that could not be scored, which got the task's min_score."""
+
+    scores: List[float]
+    parts: Dict[str, List[float]] = field(default_factory=dict)
+    errors: List[Tuple[int, str]] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class RewardTask:
     name: str
-    score: Callable[[str, str, str], float]
+    score: Callable[[str, str, str], object]
     max_score: float
+    min_score: float
+    read_target: Callable[[str], object]
+    parts: Dict[str, Tuple[float, float]]  # name -> (min, max) of each part of the score
 
     def is_correct(self, score):
         return score >= self.max_score
 
-    def score_batch(self, src, tgt, response):
-        """One finite float per item, in order."""
-        return [self.score_item(index, *item) for index, item in enumerate(zip(src, tgt, response))]
+    def score_batch(self, src, tgt, response, problems=None):
+        """A ScoredBatch of the rows, in order; `problems`: {row: why} of rows known not to be scorable
+        (the reward server's malformed rows), which are not given to the rule."""
+        problems = problems or {}
+        batch = ScoredBatch([], {name: [] for name in self.parts})
+        for index, item in enumerate(zip(src, tgt, response)):
+            problem = problems.get(index)
+            if problem is None:
+                try:
+                    parts = self.score_item(index, *item)
+                except RewardInputError as error:
+                    problem = str(error)
+            if problem is not None:
+                batch.errors.append((index, problem))
+                parts = {name: low for name, (low, _) in self.parts.items()} or {"": self.min_score}
+            batch.scores.append(sum(parts.values()))
+            for name in self.parts:
+                batch.parts[name].append(parts[name])
+        return batch
 
     def score_item(self, index, src, tgt, response):
+        """The row's parts by name ({"": score} for a rule without parts)."""
         try:
-            score = float(self.score(src, tgt, response))
+            result = self.score(src, tgt, response)
+            parts = {name: float(value) for name, value in result.items()} if isinstance(result, dict) else {"": float(result)}
         except Exception as error:
             # The cause is cut too: rules often quote the value they choke on.
             cause = shown(f"{type(error).__name__}: {error}", as_text=str)
             item = describe_item(index, src, tgt, response)
-            raise RewardInputError(
-                f"reward {self.name!r} cannot score {item}: {cause}", unreadable_target=isinstance(error, TargetError)
-            ) from error
-        if not math.isfinite(score):
+            raise RewardInputError(f"reward {self.name!r} cannot score {item}: {cause}") from error
+        if not all(map(math.isfinite, parts.values())):
             # A NaN or inf reward would poison every advantage of the batch.
             item = describe_item(index, src, tgt, response)
-            raise RewardInputError(f"reward {self.name!r} gave the non-finite score {score} to {item}")
-        return score
+            raise RewardInputError(f"reward {self.name!r} gave the non-finite score {parts} to {item}")
+        return parts
+
+    def check_target(self, tgt):
+        """Raise TargetError when the rule cannot read the reference answer `tgt`."""
+        if not isinstance(tgt, str):
+            raise TargetError(f"reward {self.name!r} needs a string tgt, got {type(tgt).__name__} {tgt!r}")
+        self.read_target(tgt)
 
 
 def describe_item(index, src, tgt, response):
@@ -73,13 +107,14 @@ def describe_item(index, src, tgt, response):
 REWARD_TASKS: Dict[str, RewardTask] = {}
 
 
-def register_reward(name, max_score):
-    """Decorator registering `fn(src, tgt, response) -> float` as the rule reward of task `name`."""
+def register_reward(name, max_score, min_score, read_target, parts=None):
+    """Decorator registering `fn(src, tgt, response)` as the rule reward of task `name`; `parts`: the
+    (min, max) of each named part when fn returns a dict of parts."""
 
     def wrap(fn):
         if name in REWARD_TASKS:
             raise ValueError(f"reward task {name!r} is registered twice")
-        REWARD_TASKS[name] = RewardTask(name, fn, float(max_score))
+        REWARD_TASKS[name] = RewardTask(name, fn, float(max_score), float(min_score), read_target, dict(parts or {}))
         return fn
 
     return wrap

@@ -7,6 +7,12 @@ an item it cannot score, a 500 of its own): it raises `RewardServerError` at onc
 message, since asking again would get the same answer. It never returns made-up scores: training on
 rewards that were never computed would be silently wrong.
 
+Rows the server could not score (`row_errors`: a row's tgt it cannot read, a rule failing on one row)
+come back scored at the task's min_score; `score` returns them in the ScoredBatch's `errors`, and the
+trainer logs each with the server's message and counts them (`reward_error_rows`), but goes on: one bad
+row does not stop a run. Score parts (`score_parts`, such as the GSM8K recipe's answer and format
+rewards) come back in the ScoredBatch's `parts`.
+
 With an API key (the `api_key` argument, else the REWARD_SERVER_API_KEY environment variable) every
 request carries `Authorization: Bearer <key>`, as the reward server started with `--api_key` requires.
 """
@@ -18,7 +24,7 @@ import time
 import requests
 from paddlenlp.utils.log import logger
 
-from paddle_alignment.rewards import API_KEY_ENV
+from paddle_alignment.rewards import API_KEY_ENV, ScoredBatch
 
 
 class RewardServerError(RuntimeError):
@@ -62,16 +68,33 @@ class RewardServerClient:
             raise
 
     def score(self, src, tgt, response):
-        """One float per response, in order."""
+        """A ScoredBatch: one float per response, in order, with the server's score parts and row errors."""
         batch = {"src": list(src), "tgt": list(tgt), "response": list(response)}
         body = self._request("POST", "/", json=batch)
-        scores, expected = body.get("score"), len(batch["response"])
-        if not isinstance(scores, list) or len(scores) != expected:
-            count = len(scores) if isinstance(scores, list) else type(scores).__name__
-            raise RewardServerError(f"reward server at {self.url} returned {count} scores for {expected} responses")
-        if not all(is_real_number(score) for score in scores):
-            raise RewardServerError(f"reward server at {self.url} returned non-numeric scores: {scores[:8]}")
-        return [float(score) for score in scores]
+        expected = len(batch["response"])
+        scores = self.numbers(body.get("score"), expected, "scores")
+        parts = body.get("score_parts") or {}
+        if not isinstance(parts, dict):
+            raise RewardServerError(f"reward server at {self.url} returned score_parts that are not an object: {parts!r:.200}")
+        parts = {str(name): self.numbers(values, expected, f"{name!r} score parts") for name, values in parts.items()}
+        return ScoredBatch(scores, parts, self.row_errors(body.get("row_errors") or [], expected))
+
+    def numbers(self, values, expected, what):
+        if not isinstance(values, list) or len(values) != expected:
+            count = len(values) if isinstance(values, list) else type(values).__name__
+            raise RewardServerError(f"reward server at {self.url} returned {count} {what} for {expected} responses")
+        if not all(is_real_number(value) for value in values):
+            raise RewardServerError(f"reward server at {self.url} returned non-numeric {what}: {values[:8]}")
+        return [float(value) for value in values]
+
+    def row_errors(self, entries, expected):
+        errors = []
+        for entry in entries:
+            index = entry.get("index") if isinstance(entry, dict) else None
+            if not (isinstance(index, int) and 0 <= index < expected):
+                raise RewardServerError(f"reward server at {self.url} returned a row error naming no row of the batch: {entry!r:.200}")
+            errors.append((index, str(entry.get("error_msg", ""))))
+        return errors
 
     def _request(self, method, path, **kwargs):
         attempts = self.max_retries + 1

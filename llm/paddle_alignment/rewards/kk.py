@@ -22,20 +22,16 @@ Every check is a substring count or one linear-time regex scan, so adversarial o
 import re
 from collections import defaultdict
 
-from paddle_alignment.chat_format import END_OF_TEXT, IM_END
 from paddle_alignment.rewards import TargetError, register_reward
+from paddle_alignment.rewards.think_answer import extract_answer, extract_answer_strictly
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
-TAGS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
 ROLE_WORDS = ("knight", "knave")
 
 FORMAT_OK, FORMAT_BAD = 1.0, -1.0
 ANSWER_RIGHT, ANSWER_WRONG, ANSWER_UNPARSABLE = 2.0, -1.5, -2.0
 MAX_SCORE = FORMAT_OK + ANSWER_RIGHT
+MIN_SCORE = FORMAT_BAD + ANSWER_UNPARSABLE
 
-# Alternatives start with distinct characters, so matching is linear.
-_ONLY_END_MARKS = re.compile(r"(?:\s|" + re.escape(IM_END) + "|" + re.escape(END_OF_TEXT) + r")*")
 _SOLUTION_LINE = re.compile(r"\(\d+\)\s*(?P<name>\w+)\s+is\s+an?\s+(?P<role>knight|knave)", re.IGNORECASE)
 # One scan finds every claim, whatever the number of people: a pattern per person made a 1999-person
 # answer of 850 KB cost 1999 scans (30 s).
@@ -60,30 +56,6 @@ def parse_solution(tgt):
     if not solution:
         raise TargetError(f"kk tgt {tgt!r} names nobody")
     return solution
-
-
-def opens_think(src):
-    return src.rstrip().endswith(THINK_OPEN)
-
-
-def extract_answer(src, response):
-    """The text inside <answer></answer> when each tag appears once and in order, else None."""
-    text = THINK_OPEN + response if opens_think(src) else response
-    if any(text.count(tag) != 1 for tag in TAGS):
-        return None
-    positions = [text.find(tag) for tag in TAGS]
-    if positions != sorted(positions):
-        return None
-    return text[positions[2] + len(ANSWER_OPEN) : positions[3]]
-
-
-def extract_answer_strictly(src, response):
-    """`extract_answer`, for a response that opens the think block the prompt leaves open and ends at </answer>."""
-    answer = extract_answer(src, response)
-    if answer is None or not (opens_think(src) or response.lstrip().startswith(THINK_OPEN)):
-        return None
-    answer_end = response.rfind(ANSWER_CLOSE) + len(ANSWER_CLOSE)
-    return answer if _ONLY_END_MARKS.fullmatch(response, answer_end) else None
 
 
 def judge_answer(answer, solution):
@@ -120,15 +92,15 @@ def kk_score(src, tgt, response, extract, judge):
     solution = parse_solution(tgt)
     answer = extract(src, response)
     if answer is None:
-        return FORMAT_BAD + ANSWER_UNPARSABLE
+        return MIN_SCORE
     return FORMAT_OK + judge(answer, solution)
 
 
-@register_reward("kk", max_score=MAX_SCORE)
+@register_reward("kk", max_score=MAX_SCORE, min_score=MIN_SCORE, read_target=parse_solution)
 def kk_reward(src, tgt, response):
     return kk_score(src, tgt, response, extract_answer, judge_answer)
 
 
-@register_reward("kk_strict", max_score=MAX_SCORE)
+@register_reward("kk_strict", max_score=MAX_SCORE, min_score=MIN_SCORE, read_target=parse_solution)
 def kk_strict_reward(src, tgt, response):
     return kk_score(src, tgt, response, extract_answer_strictly, judge_answer_strictly)

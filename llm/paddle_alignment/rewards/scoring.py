@@ -1,8 +1,9 @@
 """Where rewards come from during training: a rule function in-process, the reward server, or a reward model.
 
-Every scorer maps an Experience (texts, and the finished flags) to one float per response. `max_score`
-is the score of a fully correct response (None for a reward model, whose scale is learnt), which the
-trainer uses to report accuracy.
+Every scorer maps an Experience (texts, and the finished flags) to a ScoredBatch: one float per response,
+the score's parts when the rule has parts, and the rows that could not be scored. `max_score` is the score
+of a fully correct response (None for a reward model, whose scale is learnt), which the trainer uses to
+report accuracy; `parts` the (min, max) of each part, for the accuracy of each.
 """
 
 import paddle
@@ -10,7 +11,7 @@ from paddlenlp.utils.log import logger
 
 from paddle_alignment.data.datasets import encode_completion, pad_right
 from paddle_alignment.models.tensor_parallel import whole
-from paddle_alignment.rewards import get_reward_task
+from paddle_alignment.rewards import REWARD_TASKS, ScoredBatch, get_reward_task
 
 
 class RuleRewardScorer:
@@ -18,7 +19,9 @@ class RuleRewardScorer:
 
     def __init__(self, task_name):
         self.task = get_reward_task(task_name)
+        self.task_name = task_name
         self.max_score = self.task.max_score
+        self.parts = self.task.parts
 
     def score(self, exp):
         return self.task.score_batch(exp.prompts, exp.labels, exp.responses)
@@ -34,13 +37,14 @@ class ServerRewardScorer:
 
     def __init__(self, client, task_name):
         self.client = client
-        self.max_score = server_max_score(client, task_name)
+        self.task_name, self.max_score, self.parts = server_task(client, task_name)
 
     def score(self, exp):
         return self.client.score(exp.prompts, exp.labels, exp.responses)
 
 
-def server_max_score(client, task_name):
+def server_task(client, task_name):
+    """The server's task name (None when unknown), its max score, and its parts' (min, max)."""
     health = client.health()
     if health is None:
         if task_name is None:
@@ -48,26 +52,29 @@ def server_max_score(client, task_name):
                 f"reward server at {client.url} has no GET /health (as PaddleNLP's) and reward_task is unset: "
                 "no accuracy metric (set reward_task to the server's task to count full-score responses)"
             )
-            return None
-        max_score = get_reward_task(task_name).max_score
+            return None, None, {}
+        task = get_reward_task(task_name)
         logger.info(
             f"reward server at {client.url} has no GET /health (as PaddleNLP's); "
-            f"accuracy counts scores >= {max_score:g}, the max score of reward_task={task_name!r}"
+            f"accuracy counts scores >= {task.max_score:g}, the max score of reward_task={task_name!r}"
         )
-        return max_score
+        return task_name, task.max_score, task.parts
     if task_name is not None and health.get("task") != task_name:
         raise ValueError(
             f"reward server at {client.url} scores task {health.get('task')!r}, but reward_task={task_name!r}; "
             f"start the server with --task {task_name} or set reward_task to its task"
         )
-    return float(health["max_score"])
+    parts = {name: (float(low), float(high)) for name, (low, high) in (health.get("parts") or {}).items()}
+    return health.get("task"), float(health["max_score"]), parts
 
 
 class RewardModelScorer:
     """Scores with a reward model (`reward_model_name_or_path`): its end score of prompt + response, with
     EOS when the response emitted one, tokenized by the reward model's own tokenizer as in its training."""
 
+    task_name = None
     max_score = None
+    parts = {}
 
     def __init__(self, model, tokenizer, batch_size):
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
@@ -83,7 +90,18 @@ class RewardModelScorer:
             input_ids, attention_mask = pad_right(sequences[start : start + self.batch_size], self.tokenizer.pad_token_id)
             end_scores = self.model(input_ids=input_ids, attention_mask=attention_mask).end_scores
             scores.extend(whole(end_scores[:, 0]).astype("float32").numpy().tolist())
-        return scores
+        return ScoredBatch(scores)
+
+
+def reference_checker(scorer):
+    """The check of reference answers (tgt) of the scorer's rule, to run when the data loads; None for a
+    reward model, or a server whose task is not one of this project's rules."""
+    if scorer.task_name is None:
+        return None
+    if scorer.task_name not in REWARD_TASKS:
+        logger.info(f"reward task {scorer.task_name!r} is not registered here: reference answers are not checked at load")
+        return None
+    return REWARD_TASKS[scorer.task_name].check_target
 
 
 def build_reward_scorer(args, reward_model=None, reward_tokenizer=None):

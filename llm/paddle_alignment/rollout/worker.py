@@ -12,6 +12,7 @@ import contextlib
 import time
 
 import paddle
+from paddlenlp.utils.log import logger
 
 from paddle_alignment.experience import Experience
 from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
@@ -22,6 +23,8 @@ from paddle_alignment.models.tensor_parallel import whole
 from paddle_alignment.offload import OffloadPlan
 from paddle_alignment.rollout import weights
 from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
+
+MAX_LOGGED_ROW_ERRORS = 8  # of one batch: the count is logged too
 
 
 class RolloutWorker:
@@ -75,20 +78,34 @@ class RolloutWorker:
         return parts[0] if len(parts) == 1 else Experience.concat(parts, self.tokenizer.pad_token_id)
 
     def score(self, exp):
-        """exp.scores: the reward source's scores of the responses."""
-        exp.scores = paddle.to_tensor(self.reward_scores(exp), dtype="float32")
+        """exp.scores (and score_parts, unscored): the reward source's scores of the responses."""
+        scored = self.reward_scores(exp)
+        exp.scores = paddle.to_tensor(scored.scores, dtype="float32")
+        unscored = {index for index, _ in scored.errors}
+        exp.unscored = paddle.to_tensor([row in unscored for row in range(len(exp))], dtype="bool")
+        names = list(self.reward_scorer.parts)
+        if names and all(name in scored.parts for name in names):
+            columns = [scored.parts[name] for name in names]
+            exp.score_parts = paddle.to_tensor(columns, dtype="float32").T
 
     def reward_scores(self, exp):
-        """The reward source's scores of `exp`'s responses, a list of floats."""
+        """The reward source's ScoredBatch of `exp`'s responses; rows it could not score are logged."""
         with self.offload.on_device("freeze_model"), self.autocast():
-            return self.reward_scorer.score(exp)
+            scored = self.reward_scorer.score(exp)
+        if scored.errors:
+            shown = "\n".join(f"  row {index}: {message}" for index, message in scored.errors[:MAX_LOGGED_ROW_ERRORS])
+            logger.warning(
+                f"{len(scored.errors)} of {len(exp)} responses could not be scored and got the reward's min score "
+                f"(counted in reward_error_rows):\n{shown}"
+            )
+        return scored
 
     def greedy_scores(self, items):
         """The reward scores of one greedy response to each prompt of `items` (evaluation)."""
         greedy = SamplingConfig.from_args(self.args, greedy=True)
         with self.offload.on_device("train_model"), self.autocast():
             exp = generate_rollouts(self.policy, self.tokenizer, items, 1, greedy, self.args.use_fusemt)
-        return self.reward_scores(exp)
+        return self.reward_scores(exp).scores
 
     @paddle.no_grad()
     def compute_logprobs(self, model, exp):

@@ -75,7 +75,7 @@ def test_empty_batch_gets_empty_scores(server_url):
 def test_health(server_url):
     answer = requests.get(server_url + "/health", timeout=10)
     assert answer.status_code == 200
-    assert answer.json() == {"status": "ok", "task": "kk", "max_score": 3.0}
+    assert answer.json() == {"status": "ok", "task": "kk", "max_score": 3.0, "min_score": -3.0, "parts": {}}
 
 
 BAD_REQUESTS = {
@@ -84,12 +84,6 @@ BAD_REQUESTS = {
     "body_is_a_list": ([1, 2], 400, ["JSON object", "array"]),
     "missing_key": ({"src": [SRC], "tgt": [TGT]}, 400, ["'response'"]),
     "value_not_a_list": ({"src": SRC, "tgt": [TGT], "response": [RIGHT]}, 400, ["'src'", "list of strings", "string"]),
-    "item_not_a_string": (
-        {"src": [SRC, SRC], "tgt": [TGT, TGT], "response": [RIGHT, 7]},
-        400,
-        ["response[1]", "number"],
-    ),
-    "null_item": ({"src": [None], "tgt": [TGT], "response": [RIGHT]}, 400, ["src[0]", "null"]),
     "unequal_lengths": (
         {"src": [SRC] * 2, "tgt": [TGT] * 3, "response": [RIGHT] * 2},
         400,
@@ -97,17 +91,7 @@ BAD_REQUESTS = {
     ),
     "batch_too_large": (batch(*[RIGHT] * (MAX_BATCH + 1)), 413, [f"{MAX_BATCH + 1} items", f"max_batch={MAX_BATCH}"]),
     "body_too_large": (batch("x" * (MAX_CONTENT_LENGTH + 1)), 413, [f"max_content_length={MAX_CONTENT_LENGTH}"]),
-    "item_too_long": (
-        batch(RIGHT, "x" * (MAX_ITEM_CHARS + 1)),
-        413,
-        [f"response[1] has {MAX_ITEM_CHARS + 1} characters, over max_item_chars={MAX_ITEM_CHARS}"],
-    ),
     "nested_too_deeply": ("[" * 8000 + "]" * 8000, 400, ["nested too deeply"]),
-    "unreadable_tgt": (
-        {"src": [SRC, SRC], "tgt": [TGT, "nonsense"], "response": [RIGHT, RIGHT]},
-        400,
-        ["reward 'kk' cannot score item 1", "tgt='nonsense'", "TargetError"],
-    ),
 }
 
 
@@ -125,10 +109,34 @@ def test_chunked_body_over_the_limit_is_refused_not_truncated(server_url):
     assert post(server_url, iter([small[:10], small[10:]])).json()["score"] == [3.0]
 
 
-def test_reward_exception_logs_a_traceback(server_url, caplog):
-    with caplog.at_level(logging.ERROR, logger="llm.alignment.ppo.reward_server"):
-        post(server_url, {"src": [SRC], "tgt": ["nonsense"], "response": [RIGHT]})
-    assert any(record.exc_info and "item 0" in record.getMessage() for record in caplog.records)
+MALFORMED_ROWS = {
+    "response_not_a_string": ([SRC, SRC, SRC], [TGT, TGT, TGT], [RIGHT, 7, RIGHT], "item 1: response must be a string, got number"),
+    "null_src": ([SRC, None, SRC], [TGT, TGT, TGT], [RIGHT, RIGHT, RIGHT], "item 1: src must be a string, got null"),
+    "tgt_too_long": (
+        [SRC] * 3, [TGT, "x" * (MAX_ITEM_CHARS + 1), TGT], [RIGHT] * 3,
+        f"tgt has {MAX_ITEM_CHARS + 1} characters, over max_item_chars={MAX_ITEM_CHARS}",
+    ),
+    "unreadable_tgt": ([SRC] * 3, [TGT, "nonsense", TGT], [RIGHT] * 3, "item 1 (src=" + repr(SRC) + ", tgt='nonsense'"),
+}
+
+
+@pytest.mark.parametrize("src, tgt, response, words", MALFORMED_ROWS.values(), ids=MALFORMED_ROWS.keys())
+def test_a_malformed_row_gets_min_score_and_an_error_and_the_other_rows_their_scores(server_url, src, tgt, response, words, caplog):
+    with caplog.at_level(logging.WARNING, logger="llm.alignment.ppo.reward_server"):
+        answer = post(server_url, {"src": src, "tgt": tgt, "response": response})
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["error_code"] == 0 and body["error_msg"] == "1 of 3 rows could not be scored and got min_score -3"
+    assert body["score"] == [3.0, -3.0, 3.0]
+    [row_error] = body["row_errors"]
+    assert row_error["index"] == 1 and row_error["error_msg"].startswith("reward 'kk' cannot score item 1")
+    assert words in row_error["error_msg"]
+    assert any(words in record.getMessage() for record in caplog.records)
+
+
+def test_a_response_of_any_length_is_scored(server_url):
+    long_right = "x" * (MAX_ITEM_CHARS * 2) + RIGHT
+    assert post(server_url, batch(long_right, RIGHT)).json() == {"error_code": 0, "error_msg": "Success", "score": [3.0, 3.0]}
 
 
 @pytest.mark.parametrize(
@@ -166,8 +174,9 @@ def test_fifty_concurrent_requests_all_answered_correctly(server_url):
 
 def test_client_health_and_score(server_url):
     client = RewardServerClient(server_url, timeout=5)
-    assert client.health() == {"status": "ok", "task": "kk", "max_score": 3.0}
-    assert client.score([SRC] * 3, [TGT] * 3, [RIGHT, WRONG_ROLE, NO_TAGS]) == [3.0, -0.5, -3.0]
+    assert client.health() == {"status": "ok", "task": "kk", "max_score": 3.0, "min_score": -3.0, "parts": {}}
+    scored = client.score([SRC] * 3, [TGT] * 3, [RIGHT, WRONG_ROLE, NO_TAGS])
+    assert (scored.scores, scored.parts, scored.errors) == ([3.0, -0.5, -3.0], {}, [])
 
 
 def test_client_raises_at_once_on_4xx(server_url, monkeypatch):
@@ -218,41 +227,49 @@ def retry_warnings():
 ARITH_BATCH = (["1+2=", "2+2=", "3+2=", "4+2="], ["3", "4", "5", "abc"], ["3", "4", "5", "12"])
 
 
-def test_server_answers_400_naming_the_item_whose_tgt_the_rule_cannot_read_and_its_values():
+def test_server_names_the_row_whose_tgt_the_rule_cannot_read_and_its_values():
     with running_reward_server("arith") as url:
         src, tgt, response = ARITH_BATCH
-        answer = post(url, {"src": src, "tgt": tgt, "response": response})
+        body = post(url, {"src": src, "tgt": tgt, "response": response}).json()
+    assert body["score"] == [1.0, 1.0, 1.0, 0.0]
     item = "item 3 (src='4+2=', tgt='abc', response='12')"
-    assert_error(answer, 400, f"reward 'arith' cannot score {item}: TargetError: arith tgt 'abc' is not an integer")
+    assert body["row_errors"] == [{"index": 3, "error_msg": f"reward 'arith' cannot score {item}: TargetError: arith tgt 'abc' is not an integer"}]
 
 
-def test_server_answers_422_naming_the_item_a_rule_fails_on(monkeypatch):
+def failing_task(name, score):
+    return RewardTask(name, score, 1.0, -1.0, str, {})
+
+
+def test_server_names_the_row_a_rule_fails_on_and_scores_the_others(monkeypatch):
     def fails_on_bad(src, tgt, response):
         if response == "bad":
             raise KeyError("lookup table")
         return 1.0
 
-    monkeypatch.setitem(REWARD_TASKS, "fails_on_bad", RewardTask("fails_on_bad", fails_on_bad, 1.0))
+    monkeypatch.setitem(REWARD_TASKS, "fails_on_bad", failing_task("fails_on_bad", fails_on_bad))
     with running_reward_server("fails_on_bad") as url:
-        answer = post(url, {"src": ["a", "b"], "tgt": ["x", "y"], "response": ["good", "bad"]})
-    assert_error(answer, 422, "cannot score item 1 (src='b', tgt='y', response='bad'): KeyError: 'lookup table'")
+        body = post(url, {"src": ["a", "b"], "tgt": ["x", "y"], "response": ["good", "bad"]}).json()
+    assert body["score"] == [1.0, -1.0]
+    assert "cannot score item 1 (src='b', tgt='y', response='bad'): KeyError: 'lookup table'" in body["row_errors"][0]["error_msg"]
 
 
-def test_server_answers_422_naming_the_item_given_a_non_finite_score(monkeypatch):
-    nan_on_bad = RewardTask("nan_on_bad", lambda src, tgt, response: float("nan") if response == "bad" else 1.0, 1.0)
+def test_server_names_the_row_given_a_non_finite_score(monkeypatch):
+    nan_on_bad = failing_task("nan_on_bad", lambda src, tgt, response: float("nan") if response == "bad" else 1.0)
     monkeypatch.setitem(REWARD_TASKS, "nan_on_bad", nan_on_bad)
     with running_reward_server("nan_on_bad") as url:
-        answer = post(url, {"src": ["a", "b"], "tgt": ["x", "y"], "response": ["good", "bad"]})
-    assert_error(answer, 422, "non-finite score nan to item 1 (src='b', tgt='y', response='bad')")
+        body = post(url, {"src": ["a", "b"], "tgt": ["x", "y"], "response": ["good", "bad"]}).json()
+    assert body["score"] == [1.0, -1.0]
+    assert "non-finite score {'': nan} to item 1 (src='b', tgt='y', response='bad')" in body["row_errors"][0]["error_msg"]
 
 
-def test_client_does_not_retry_an_item_the_server_cannot_score(monkeypatch, retry_warnings):
+def test_client_returns_row_errors_without_retrying(monkeypatch, retry_warnings):
     sleeps = []
     monkeypatch.setattr(reward_client.time, "sleep", sleeps.append)
     with counting_requests(create_app("arith")) as (url, received):
         client = RewardServerClient(url, timeout=5, max_retries=3, backoff=0)
-        with pytest.raises(RewardServerError, match=r"HTTP 400: reward 'arith' cannot score item 3 \(.*tgt='abc'"):
-            client.score(*ARITH_BATCH)
+        scored = client.score(*ARITH_BATCH)
+    assert scored.scores == [1.0, 1.0, 1.0, 0.0]
+    assert [index for index, _ in scored.errors] == [3] and "tgt='abc'" in scored.errors[0][1]
     assert received == ["/"] and sleeps == [] and retry_warnings == []
 
 
@@ -272,7 +289,7 @@ def test_client_retries_a_503_from_a_proxy_and_logs_each_retry_with_its_cause(mo
     app = scripted_app((503, "upstream down"), (503, "upstream down"), (200, success))
     with counting_requests(app) as (url, received):
         client = RewardServerClient(url, timeout=5, max_retries=3, backoff=0.5)
-        assert client.score(["1+2="], ["3"], ["3"]) == [1.0]
+        assert client.score(["1+2="], ["3"], ["3"]).scores == [1.0]
     assert len(received) == 3 and sleeps == [0.5, 1.0]
     messages = [record.getMessage() for record in retry_warnings]
     assert len(messages) == 2 and all(record.levelno == logging.WARNING for record in retry_warnings)
@@ -322,6 +339,9 @@ class FakeAnswer:
         ({"error_code": 0, "error_msg": "Success", "score": [1.0, True]}, "non-numeric"),
         ({"error_code": 0, "error_msg": "Success"}, "returned NoneType scores"),
         ({"error_code": 7, "error_msg": "tokenizer missing", "score": []}, "error_code 7: tokenizer missing"),
+        ({"error_code": 0, "error_msg": "Success", "score": [1.0, 1.0], "row_errors": [{"index": 2}]}, "row error naming no row"),
+        ({"error_code": 0, "error_msg": "Success", "score": [1.0, 1.0], "score_parts": {"answer": [1.0]}}, "1 'answer' score parts for 2"),
+        ({"error_code": 0, "error_msg": "Success", "score": [1.0, 1.0], "score_parts": [1.0]}, "score_parts that are not an object"),
         ([1.0, 2.0], "something other than a JSON object"),
     ],
 )
@@ -367,12 +387,33 @@ def test_kk_server_scores_the_issue_parity_cases_as_paddlenlp_and_kk_strict_as_b
 GSM8K_TGT = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72"
 
 
-def test_math_server_reads_gsm8k_answers_and_bare_numbers_and_names_an_unreadable_tgt():
+def test_math_server_scores_gsm8k_and_math_golds_a_long_response_and_a_malformed_row_row_by_row():
+    long_response = "Let me think. " * 22_000 + "\\boxed{\\frac{3}{4}}"  # 300 KB
+    body = {
+        "src": ["q"] * 6,
+        "tgt": [GSM8K_TGT, "72", "\\frac{3}{4}", "\\frac{3}{4}", "seventy-two", "(3, \\frac{\\pi}{2})"],
+        "response": ["#### 72", "so 72", "\\boxed{0.75}", long_response, "72", 5],
+    }
+    assert len(long_response) > 300_000
     with running_reward_server("math") as url:
-        answer = post(url, {"src": ["q"] * 3, "tgt": [GSM8K_TGT, "72", "72"], "response": ["#### 72", "so 72", "#### 7"]})
-        assert answer.json()["score"] == [1.0, 1.0, 0.0]
-        answer = post(url, {"src": ["q", "q"], "tgt": ["72", "seventy-two"], "response": ["72", "72"]})
-    assert_error(answer, 400, "cannot score item 1", "tgt='seventy-two'", "'#### NUMBER'")
+        answer = post(url, body).json()
+        assert requests.get(url + "/health", timeout=10).json()["min_score"] == 0.0
+    assert answer["score"] == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    assert [error["index"] for error in answer["row_errors"]] == [4, 5]
+    assert "tgt='seventy-two'" in answer["row_errors"][0]["error_msg"]
+    assert "response must be a string, got number" in answer["row_errors"][1]["error_msg"]
+
+
+def test_math_think_answer_server_returns_the_answer_and_format_parts():
+    exact = "<think>48 + 24 = 72</think>\n<answer>72</answer>"
+    with running_reward_server("math_think_answer") as url:
+        health = requests.get(url + "/health", timeout=10).json()
+        body = post(url, {"src": ["q"] * 3, "tgt": ["72"] * 3, "response": [exact, "#### 72", "<think>x</think><answer>7</answer>"]}).json()
+        scored = RewardServerClient(url, timeout=5).score(["q"], ["72"], [exact])
+    assert health["parts"] == {"answer": [-1.0, 1.0], "format": [-1.0, 1.25]} and health["max_score"] == 2.25
+    assert body["score_parts"] == {"answer": [1.0, 1.0, -1.0], "format": [1.25, -1.0, 1.25]}
+    assert body["score"] == [2.25, 0.0, 0.25]
+    assert scored.parts == {"answer": [1.0], "format": [1.25]}
 
 
 # ---------------------------------------------------------------- authentication
@@ -404,7 +445,7 @@ def test_trainer_client_sends_the_key_from_the_environment(key_server_url, monke
     scorer = build_reward_scorer(args)
     assert scorer.max_score == 3.0
     exp = SimpleNamespace(prompts=[SRC], labels=[TGT], responses=[RIGHT])
-    assert scorer.score(exp) == [3.0]
+    assert scorer.score(exp).scores == [3.0]
     with pytest.raises(RewardServerError, match="HTTP 401: missing or wrong API key"):
         RewardServerClient(key_server_url, timeout=5, api_key="wrong").score([SRC], [TGT], [RIGHT])
 

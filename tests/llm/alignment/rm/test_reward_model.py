@@ -48,7 +48,7 @@ def test_reward_model_scorer_agrees_with_the_trainers_evaluation(tiny_world, rew
         finished=paddle.to_tensor([True] * len(responses)), prompts=[row["src"] for row in rows for _ in range(2)],
         labels=[""] * len(responses), responses=responses,
     )
-    scores = np.array(RewardModelScorer(model, tokenizer, batch_size=7).score(exp)).reshape(-1, 2)
+    scores = np.array(RewardModelScorer(model, tokenizer, batch_size=7).score(exp).scores).reshape(-1, 2)
     first_is_better = np.array([row["better"] for row in rows])
     better = np.where(first_is_better, scores[:, 0], scores[:, 1])
     worse = np.where(first_is_better, scores[:, 1], scores[:, 0])

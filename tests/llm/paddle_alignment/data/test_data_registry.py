@@ -28,6 +28,7 @@ from paddle_alignment.data import (
 )
 from llm.tools.build_tokenizer import build_tokenizer
 from paddle_alignment.data import raw as raw_module
+from paddle_alignment.rewards import get_reward_task
 from paddle_alignment.data.builtin import JsonFileDataset
 from paddle_alignment.chat_format import chat_prompt
 from paddle_alignment.data.datasets import encode_completion, format_prompt, mixed_indices
@@ -493,16 +494,29 @@ def test_preference_rows_need_other_answer(tmp_path, tokenizer):
         {"input": "q", "answer": "a", "other_answer": "b", "better": True},
         {"input": "q", "answer": "a", "better": True},
     ])
-    with pytest.raises(ValueError, match=re.escape(f"dataset 'jsonfile' ({path}) row 2: missing 'other_answer'")):
+    with pytest.raises(ValueError, match=re.escape(f"{path}:2: missing 'other_answer'")):
         PreferenceDataset(path, tokenizer, max_length=64)
+
+
+def test_prompt_only_refuses_a_reference_the_reward_cannot_read_naming_file_line_and_value(tmp_path, tokenizer):
+    rows = [{"src": "q1", "tgt": "#### 72"}, {"src": "q2", "tgt": "\\frac{3}{4}"}, {"src": "q3", "tgt": "72"}, {"src": "q4", "tgt": "#### seventy-two"}]
+    path = tmp_path / "gsm8k.jsonl"
+    # A blank line: the error names the file's line, not the row's index.
+    path.write_text("\n".join(json.dumps(row) for row in rows[:2]) + "\n\n" + "\n".join(json.dumps(row) for row in rows[2:]) + "\n")
+    check = get_reward_task("math").check_target
+    with pytest.raises(ValueError, match=re.escape(f"{path}:5: the reward cannot read the reference answer ('tgt'): math tgt '#### seventy-two'")):
+        PromptOnlyDataset(str(path), tokenizer, max_prompt_len=10, require_label=True, check_label=check)
+    path.write_text("\n".join(json.dumps(row) for row in rows[:3]) + "\n")
+    dataset = PromptOnlyDataset(str(path), tokenizer, max_prompt_len=10, require_label=True, check_label=check)
+    assert [item["label"] for item in dataset] == ["#### 72", "\\frac{3}{4}", "72"]
 
 
 def test_prompt_only_require_label(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "prompts.jsonl", [{"src": "1+1=", "tgt": "2"}, {"src": "2+2="}])
-    with pytest.raises(ValueError, match=re.escape(f"dataset 'jsonfile' ({path}) row 2: no reference answer (column 'tgt' or 'answer')")):
+    with pytest.raises(ValueError, match=re.escape(f"{path}:2: no reference answer (column 'tgt' or 'answer')")):
         PromptOnlyDataset(path, tokenizer, max_prompt_len=10, require_label=True)
     # With another label column, `tgt` is no label: row 1 already lacks one.
-    with pytest.raises(ValueError, match=re.escape("row 1: no reference answer (column 'solution' or 'answer')")):
+    with pytest.raises(ValueError, match=re.escape("prompts.jsonl:1: no reference answer (column 'solution' or 'answer')")):
         PromptOnlyDataset(path, tokenizer, max_prompt_len=10, require_label=True, label_key="solution")
     dataset = PromptOnlyDataset(path, tokenizer, max_prompt_len=10)
     assert [item["label"] for item in dataset] == ["2", ""]

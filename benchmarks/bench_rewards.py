@@ -1,0 +1,128 @@
+"""Accuracy and cost of the rule rewards on the labelled cases of tests/data/reward_cases/.
+
+    python benchmarks/bench_rewards.py [--show_differences]
+
+math.jsonl: each case is graded by the `math` rule (as the reward server does: rows scored in a thread,
+symbolic comparisons in worker processes with their deadline) and, when it is installed, by Hugging
+Face's math-verify as verl's `math_verify` reward calls it (the reference wrapped in `\\boxed{}`, the
+response parsed for LaTeX and plain expressions, its own 5 s timeouts). It prints each grader's accuracy,
+the cases each gets wrong or where they differ, and the `math` rule's cost per response (median, 99th
+percentile, worst). kk.jsonl: the accuracy of `kk` and `kk_strict` against the cases' verdicts.
+"""
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(REPO_ROOT, "llm"))
+
+from paddle_alignment.rewards import get_reward_task  # noqa: E402
+
+CASES = os.path.join(REPO_ROOT, "tests", "data", "reward_cases")
+
+
+def load_cases(name):
+    with open(os.path.join(CASES, name), encoding="utf-8") as file:
+        return [json.loads(line) for line in file if line.strip()]
+
+
+def grade_with_rule(task_name, cases):
+    """(verdicts, seconds per case) of the rule, scored off the main thread as in the reward server."""
+    task = get_reward_task(task_name)
+    verdicts, seconds = [], []
+
+    def run():
+        for case in cases:
+            started = time.perf_counter()
+            score = task.score_item(case["id"], case.get("src", ""), case["tgt"], case["response"])
+            seconds.append(time.perf_counter() - started)
+            verdicts.append(task.is_correct(sum(score.values())))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return verdicts, seconds
+
+
+def grade_with_math_verify(cases):
+    try:
+        from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+    except ImportError:
+        return None
+    verdicts = []
+    for case in cases:
+        try:
+            gold = parse(f"\\boxed{{{case['tgt']}}}", extraction_config=[LatexExtractionConfig()])
+            answer = parse(case["response"], extraction_config=[ExprExtractionConfig(), LatexExtractionConfig()])
+            verdicts.append(bool(gold and answer and verify(gold, answer)))
+        except Exception:  # a timeout, or a parse error: graded wrong, as verl does
+            verdicts.append(False)
+    return verdicts
+
+
+def shown(case, width=110):
+    response = case["response"] if len(case["response"]) <= width else f"...{case['response'][-width:]} ({len(case['response'])} chars)"
+    return f"#{case['id']} [{case['class']}] tgt={case['tgt'][:40]!r} expected={case['correct']} response={response!r}"
+
+
+def percentile(values, fraction):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def report_math(show_differences):
+    cases = load_cases("math.jsonl")
+    ours, seconds = grade_with_rule("math", cases)
+    theirs = grade_with_math_verify(cases)
+    expected = [case["correct"] for case in cases]
+    right = sum(v == e for v, e in zip(ours, expected))
+    print(f"math cases: {len(cases)}")
+    print(f"  math rule:   {right}/{len(cases)} right = {right / len(cases):.1%}")
+    if theirs is not None:
+        theirs_right = sum(v == e for v, e in zip(theirs, expected))
+        print(f"  math-verify: {theirs_right}/{len(cases)} right = {theirs_right / len(cases):.1%}")
+    else:
+        print("  math-verify: not installed (pip install math-verify) - no comparison")
+    milliseconds = [s * 1000 for s in seconds]
+    print(
+        f"  cost of the math rule per response: median {percentile(milliseconds, 0.5):.2f} ms, "
+        f"p99 {percentile(milliseconds, 0.99):.1f} ms, worst {max(milliseconds):.1f} ms "
+        f"(#{cases[milliseconds.index(max(milliseconds))]['id']})"
+    )
+    print("  wrong under the math rule:")
+    for case, verdict in zip(cases, ours):
+        if verdict != case["correct"]:
+            print("    " + shown(case))
+    if theirs is not None and show_differences:
+        print("  where math-verify and the math rule differ (rule's verdict, math-verify's):")
+        for case, mine, other in zip(cases, ours, theirs):
+            if mine != other:
+                print(f"    rule={mine} math-verify={other} " + shown(case))
+
+
+def report_kk():
+    cases = load_cases("kk.jsonl")
+    print(f"kk cases: {len(cases)}")
+    for task_name in ("kk", "kk_strict"):
+        verdicts, _ = grade_with_rule(task_name, cases)
+        right = sum(v == c["correct"] for v, c in zip(verdicts, cases))
+        print(f"  {task_name:9s}: {right}/{len(cases)} right = {right / len(cases):.1%}")
+        for case, verdict in zip(cases, verdicts):
+            if verdict != case["correct"]:
+                print("    " + shown(case))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--show_differences", action="store_true", help="list every case where math-verify differs")
+    args = parser.parse_args()
+    report_math(args.show_differences)
+    report_kk()
+
+
+if __name__ == "__main__":
+    main()

@@ -7,11 +7,13 @@ symbolic comparisons in worker processes with their deadline) and, when it is in
 Face's math-verify as verl's `math_verify` reward calls it (the reference wrapped in `\\boxed{}`, the
 response parsed for LaTeX and plain expressions, its own 5 s timeouts). It prints each grader's accuracy,
 the cases each gets wrong or where they differ, and the `math` rule's cost per response (median, 99th
-percentile, worst). kk.jsonl: the accuracy of `kk` and `kk_strict` against the cases' verdicts.
+percentile, worst). kk.jsonl: the accuracy of `kk` and `kk_strict` against the cases' verdicts, and
+where `kk` and PaddleNLP's kk server (benchmarks/reward_references.py) score a case differently.
 """
 
 import argparse
 import json
+import logging
 import os
 import sys
 import threading
@@ -21,6 +23,7 @@ REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(REPO_ROOT, "llm"))
 
 from paddle_alignment.rewards import get_reward_task  # noqa: E402
+from reward_references import math_verify_correct, paddlenlp_kk_score  # noqa: E402
 
 CASES = os.path.join(REPO_ROOT, "tests", "data", "reward_cases")
 
@@ -49,19 +52,8 @@ def grade_with_rule(task_name, cases):
 
 
 def grade_with_math_verify(cases):
-    try:
-        from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-    except ImportError:
-        return None
-    verdicts = []
-    for case in cases:
-        try:
-            gold = parse(f"\\boxed{{{case['tgt']}}}", extraction_config=[LatexExtractionConfig()])
-            answer = parse(case["response"], extraction_config=[ExprExtractionConfig(), LatexExtractionConfig()])
-            verdicts.append(bool(gold and answer and verify(gold, answer)))
-        except Exception:  # a timeout, or a parse error: graded wrong, as verl does
-            verdicts.append(False)
-    return verdicts
+    verdicts = [math_verify_correct(case["tgt"], case["response"]) for case in cases]
+    return None if None in verdicts else verdicts
 
 
 def shown(case, width=110):
@@ -75,6 +67,7 @@ def percentile(values, fraction):
 
 
 def report_math(show_differences):
+    """Prints the figures; returns (the rule's accuracy, math-verify's or None)."""
     cases = load_cases("math.jsonl")
     ours, seconds = grade_with_rule("math", cases)
     theirs = grade_with_math_verify(cases)
@@ -82,6 +75,7 @@ def report_math(show_differences):
     right = sum(v == e for v, e in zip(ours, expected))
     print(f"math cases: {len(cases)}")
     print(f"  math rule:   {right}/{len(cases)} right = {right / len(cases):.1%}")
+    theirs_right = None
     if theirs is not None:
         theirs_right = sum(v == e for v, e in zip(theirs, expected))
         print(f"  math-verify: {theirs_right}/{len(cases)} right = {theirs_right / len(cases):.1%}")
@@ -102,6 +96,7 @@ def report_math(show_differences):
         for case, mine, other in zip(cases, ours, theirs):
             if mine != other:
                 print(f"    rule={mine} math-verify={other} " + shown(case))
+    return right / len(cases), None if theirs_right is None else theirs_right / len(cases)
 
 
 def report_kk():
@@ -114,14 +109,21 @@ def report_kk():
         for case, verdict in zip(cases, verdicts):
             if verdict != case["correct"]:
                 print("    " + shown(case))
+    kk = get_reward_task("kk")
+    differing = [case for case in cases if kk.score(case["src"], case["tgt"], case["response"]) != paddlenlp_kk_score(case["src"], case["tgt"], case["response"])]
+    print(f"  kk scores like PaddleNLP's kk server on {len(cases) - len(differing)}/{len(cases)}; differently on:")
+    for case in differing:
+        print("    " + shown(case))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--show_differences", action="store_true", help="list every case where math-verify differs")
     args = parser.parse_args()
-    report_math(args.show_differences)
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs each timeout with the whole input
     report_kk()
+    ours, theirs = report_math(args.show_differences)
+    print(f"math_accuracy={ours:.3f}" + ("" if theirs is None else f" math_verify_accuracy={theirs:.3f}"))
 
 
 if __name__ == "__main__":

@@ -252,6 +252,18 @@ def overrides(world, output_dir, **changes):
     return small_run_argv(world, output_dir, **{**defaults, **changes})
 
 
+def logged(log_dir, tag):
+    """The values of the scalar `tag` in the VisualDL logs of `log_dir`, in the order written."""
+    from visualdl import LogReader
+
+    values = []
+    for name in sorted(os.listdir(log_dir)):
+        with LogReader(file_path=os.path.join(log_dir, name)) as reader:
+            if tag in reader.get_tags().get("scalar", []):
+                values += [record.value for record in reader.get_data("scalar", tag)]
+    return values
+
+
 def run_grpo(world, output_dir, **changes):
     run_ppo.main([TINY_CONFIG, *overrides(world, str(output_dir), **changes)])
 

@@ -1,7 +1,12 @@
-"""Convert GSM8K jsonl (`question`, `answer` ending in `#### N`) into src/tgt jsonl for the math reward.
+"""Convert GSM8K jsonl (`question`, `answer` ending in `#### N`) into src/tgt jsonl for the math rewards.
 
 Usage:
-    python llm/tools/convert_gsm8k.py --input gsm8k/train.jsonl --output data/gsm8k/train.jsonl
+    python llm/tools/convert_gsm8k.py --input gsm8k/train.jsonl --output data/gsm8k/train.jsonl \
+        [--prompt_style hash|think_answer]
+
+`--prompt_style hash` (the default) asks for the reasoning and a last line `#### <number>` (the `math` and
+`gsm8k_strict` rules); `think_answer` asks for `<think>reasoning</think><answer>number</answer>`, the
+prompt of the GSM8K GRPO recipe (`math_think_answer`, config/qwen/grpo_gsm8k_argument.json).
 """
 
 import argparse
@@ -18,12 +23,17 @@ from paddle_alignment.chat_format import chat_prompt  # noqa: E402
 
 SYSTEM_PROMPT = "You are a patient math tutor who solves grade-school word problems carefully."
 INSTRUCTION = 'Reason step by step, then give the final answer on the last line as "#### <number>".'
+THINK_ANSWER_SYSTEM_PROMPT = (
+    "You solve grade-school math word problems. Reply in exactly this form and nothing else:\n"
+    "<think>\nyour step-by-step reasoning\n</think>\n<answer>\nthe final number only\n</answer>"
+)
+PROMPT_STYLES = {"hash": (SYSTEM_PROMPT, INSTRUCTION), "think_answer": (THINK_ANSWER_SYSTEM_PROMPT, None)}
 
 ANSWER_MARK = "####"
 _FINAL_NUMBER = re.compile(r"\s*(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)\s*")
 
 
-def convert_row(row):
+def convert_row(row, prompt_style="hash"):
     """{"question", "answer": "... #### 1,234"} -> {"src": chat prompt, "tgt": "1234"}."""
     if not isinstance(row, dict):
         raise ValueError(f"row must be a JSON object, got {type(row).__name__}")
@@ -36,8 +46,9 @@ def convert_row(row):
     final = _FINAL_NUMBER.fullmatch(row["answer"], mark + len(ANSWER_MARK))
     if final is None:
         raise ValueError(f"answer does not end in '{ANSWER_MARK} <number>'")
-    prompt = f"{row['question'].strip()}\n\n{INSTRUCTION}"
-    return {"src": chat_prompt(prompt, system=SYSTEM_PROMPT), "tgt": final[1].replace(",", "")}
+    system, instruction = PROMPT_STYLES[prompt_style]
+    prompt = f"{row['question'].strip()}\n\n{instruction}" if instruction else row["question"].strip()
+    return {"src": chat_prompt(prompt, system=system), "tgt": final[1].replace(",", "")}
 
 
 def load_json(line):
@@ -47,7 +58,7 @@ def load_json(line):
         raise ValueError(f"not valid JSON: {error}") from None
 
 
-def convert_file(input, output):
+def convert_file(input, output, prompt_style="hash"):
     """Convert every non-blank line of `input` into `output`; returns the number of rows written.
 
     Nothing is written when a line is bad: the ValueError names the file and line number.
@@ -58,7 +69,7 @@ def convert_file(input, output):
             if not line.strip():
                 continue
             try:
-                converted.append(convert_row(load_json(line)))
+                converted.append(convert_row(load_json(line), prompt_style))
             except ValueError as error:
                 raise ValueError(f"{input}:{line_number}: {error}") from error
     Path(output).parent.mkdir(parents=True, exist_ok=True)
@@ -71,9 +82,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", required=True, help="GSM8K jsonl")
     parser.add_argument("--output", required=True, help="src/tgt jsonl to write")
+    parser.add_argument(
+        "--prompt_style", choices=sorted(PROMPT_STYLES), default="hash",
+        help="hash: a last line '#### <number>' (math, gsm8k_strict); think_answer: <think>...</think><answer>...</answer> (math_think_answer)",
+    )
     args = parser.parse_args(argv)
     try:
-        count = convert_file(args.input, args.output)
+        count = convert_file(args.input, args.output, args.prompt_style)
     except (OSError, ValueError) as error:
         sys.exit(f"convert_gsm8k: {error}")
     print(f"wrote {count} rows to {args.output}")

@@ -32,3 +32,9 @@ def test_bench_optimizer_prints_its_figure():
 def test_bench_loading_prints_its_figure(tmp_path):
     last = run_script("benchmarks/bench_loading.py", "--num_layers", "1", "--rounds", "1", "--work_dir", str(tmp_path))
     assert last.startswith("speedup=") and float(last.split("=")[1]) > 0
+
+
+def test_bench_rewards_prints_its_figures():
+    last = run_script("benchmarks/bench_rewards.py")
+    figures = dict(pair.split("=") for pair in last.split())
+    assert float(figures["math_accuracy"]) >= 0.97 and float(figures["math_verify_accuracy"]) < float(figures["math_accuracy"])

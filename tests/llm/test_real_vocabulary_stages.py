@@ -8,17 +8,19 @@ import subprocess
 import numpy as np
 import paddle
 import pytest
-from visualdl import LogReader
 
-from helpers import REAL_RUN, REPO_ROOT, RM_CONFIG, SFT_CONFIG, TINY_CONFIG, running_reward_server, transformers_python
+from helpers import REAL_RUN, REPO_ROOT, RM_CONFIG, SFT_CONFIG, TINY_CONFIG, logged, running_reward_server, transformers_python
 from llm import run_finetune
 from llm.alignment.ppo import run_ppo
 from llm.alignment.rm import run_reward
 from llm.predict import predictor
+from llm.tools import convert_gsm8k
 from paddle_alignment.models.hf_layout import weight_files
 from paddle_alignment.models.loading import load_tokenizer, pretrained_causal_lm
 
 PPO_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "ppo_argument.json")
+GSM8K_CONFIG = os.path.join(REPO_ROOT, "config", "qwen", "grpo_gsm8k_argument.json")
+GSM8K_SAMPLE = os.path.join(REPO_ROOT, "tests", "data", "gsm8k_sample.jsonl")
 TRANSFORMERS_PYTHON = transformers_python()
 
 
@@ -34,15 +36,6 @@ def last_logits(path, input_ids):
     model = pretrained_causal_lm(path, dtype="float32")
     model.eval()
     return model(paddle.to_tensor([input_ids]))[0].numpy()[0]
-
-
-def logged(log_dir, tag):
-    values = []
-    for name in os.listdir(log_dir):
-        with LogReader(file_path=os.path.join(log_dir, name)) as reader:
-            if tag in reader.get_tags().get("scalar", []):
-                values += [record.value for record in reader.get_data("scalar", tag)]
-    return values
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +175,24 @@ def test_the_predictor_decodes_a_hugging_face_folder_greedily(real_world, tmp_pa
         )
         result = subprocess.run([TRANSFORMERS_PYTHON, "-c", script, real_world["model"], real_world["eval"]], check=True, capture_output=True, text=True)
         assert [json.loads(line) for line in result.stdout.splitlines()] == [row["output"] for row in rows]
+
+
+@pytest.mark.slow
+def test_gsm8k_recipe_config_runs_a_step_and_logs_the_answer_and_format_rewards(real_world, tmp_path):
+    """config/qwen/grpo_gsm8k_argument.json on one CPU process (its GPU layout and sizes changed), on GSM8K
+    rows converted with the recipe's prompt."""
+    data = tmp_path / "gsm8k.jsonl"
+    convert_gsm8k.convert_file(GSM8K_SAMPLE, data, prompt_style="think_answer")
+    single_cpu = {
+        "device": "cpu", "bf16": "false", "sharding": "", "sharding_parallel_degree": -1, "recompute": "false",
+        "offload_level": "", "gradient_accumulation_steps": 1, "max_steps": 1, "max_eval_samples": 2,
+    }
+    run_ppo.main([GSM8K_CONFIG, *argv(**{
+        "actor_model_name_or_path": real_world["model"], "train_datasets": data, "eval_datasets": data,
+        "output_dir": tmp_path / "run", "logging_dir": tmp_path / "vdl", **single_cpu, **REAL_RUN, "max_prompt_len": 256,
+    })])
+    # A random policy writes neither the form nor the answer: each part at its minimum, both logged.
+    assert logged(tmp_path / "vdl", "train/answer_reward_mean") == [-1.0]
+    assert logged(tmp_path / "vdl", "train/format_reward_mean") == [-1.0]
+    assert logged(tmp_path / "vdl", "train/answer_accuracy") == [0.0] == logged(tmp_path / "vdl", "train/format_accuracy")
+    assert logged(tmp_path / "vdl", "train/reward_error_rows") == [0.0]

@@ -410,7 +410,7 @@ class RewardArguments:
     use_rule_reward: bool = field(default=False, metadata={"help": "Score responses in-process with the rule reward of reward_task."})
     reward_task: Optional[str] = field(
         default=None,
-        metadata={"help": "Rule reward task: " + ", ".join(sorted(REWARD_TASKS)) + " (default math, GSM8K answers, for use_rule_reward as in PaddleNLP; the server's /health task for use_rm_server)."},
+        metadata={"help": "Rule reward task: " + ", ".join(sorted(REWARD_TASKS)) + " (docs/rewards.md says what each pays for). Default for use_rule_reward: math, the GSM8K and MATH answer grader, where PaddleNLP's rule reward is a GSM8K rule; for use_rm_server: the server's /health task. Reference answers (tgt) are checked against it when the data loads."},
     )
     use_rm_server: bool = field(default=False, metadata={"help": "Score responses with the reward server. Exactly one of use_rm_server, use_rule_reward and reward_model_name_or_path."})
     reward_server: str = field(default="http://127.0.0.1:8731", metadata={"help": "URL of the reward server."})
@@ -434,7 +434,7 @@ class RewardArguments:
         if self.reward_server_timeout <= 0:
             raise ValueError(f"reward_server_timeout must be positive, got {self.reward_server_timeout}")
         if self.reward_task is None and self.use_rule_reward:
-            logger.info("use_rule_reward without reward_task scores with the math rule (GSM8K answers, as PaddleNLP's rule reward)")
+            logger.info("use_rule_reward without reward_task scores with the math rule (GSM8K and MATH answers; docs/rewards.md)")
             self.reward_task = "math"
         if self.reward_task is not None and self.reward_task not in REWARD_TASKS:
             raise ValueError(f"reward_task={self.reward_task!r} is not registered; choose from {sorted(REWARD_TASKS)}")

@@ -5,17 +5,29 @@ The prompt opens the think block, so a response looks like
 Score = format part (+1 / -1) + answer part (+2 right, -1.5 wrong, -2 unparsable or bad format).
 
 Two rule sets share that scale:
-- `kk` follows PaddleNLP's reward server, so published kk results reproduce: the format holds when each
-  of <think> (the prompt's counts), </think>, <answer>, </answer> appears once and in that order, text
-  after </answer> included; the answer parses when its "knight"/"knave" words (substring counts, any case)
-  number exactly the people of the puzzle and each person's first "NAME is a knight/knave" (any case)
-  gives their role.
+- `kk` follows PaddleNLP's kk reward server: the format holds when each of <think> (the prompt's
+  counts), </think>, <answer>, </answer> appears once and in that order, text after </answer> included;
+  the answer parses when its "knight"/"knave" words (substring counts, any case) number exactly the
+  people of the puzzle and each person's first "NAME is a knight/knave" (any case) gives their role.
+  It departs from that server in two places only:
+  1. PaddleNLP's server puts <think> before every response, as if every prompt opened the think block;
+     here the prompt's own ending decides (PaddleNLP's kk prompts end with <think>, so its data scores
+     the same). A response opening <think> after a prompt that does not is well-formed here, and has
+     two <think> (format -1) there.
+  2. PaddleNLP's server reads any tgt line's first word as a name and first "knight"/"knave" as the
+     role, and skips lines it cannot read with a printed warning; here every line must read
+     "(N) NAME is a knight/knave", and any other tgt is refused (when the data loads, or as a row error),
+     since a skipped person is silently not graded.
+  On the labelled cases of tests/data/reward_cases/kk.jsonl the two agree everywhere else
+  (benchmarks/bench_rewards.py prints the count).
 - `kk_strict` also refuses text after </answer> other than whitespace and end tokens, needs a prompt
   without <think> to be answered by a response opening it, reads names case-sensitively, accepts
   "is an", and needs every claim about a person to agree, however many role words the answer holds.
   A claim hedged in its own clause ("Ethan is a knave or a knight", "Ethan is a knave, unless he is a
   knight", "Ethan is a knave if Zoey lies") decides nothing: the person is undecided, and the answer
-  unparsable, as kk and PaddleNLP's server score such answers.
+  unparsable, as kk and PaddleNLP's server score such answers. It is right on every labelled case, `kk`
+  on 84% (the misses are PaddleNLP's rules: "X is a knight, not a knave" unparsable, text after
+  </answer> accepted, a hedge after a decided claim accepted).
 Every check is a substring count or one linear-time regex scan, so adversarial output stays cheap.
 """
 

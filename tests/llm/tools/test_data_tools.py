@@ -157,6 +157,14 @@ def test_convert_row():
     assert convert_gsm8k.convert_row(GOOD_ROWS[2])["tgt"] == "-5"
 
 
+def test_think_answer_prompt_style_asks_for_the_recipes_form_and_its_rule_pays_it():
+    converted = convert_gsm8k.convert_row(GOOD_ROWS[0], prompt_style="think_answer")
+    assert converted["src"] == chat_prompt(GOOD_ROWS[0]["question"], system=convert_gsm8k.THINK_ANSWER_SYSTEM_PROMPT)
+    assert "<think>" in converted["src"] and "<answer>" in converted["src"] and "####" not in converted["src"]
+    response = "<think>\n3 + 4 = 7\n</think>\n<answer>\n7\n</answer>"
+    assert get_reward_task("math_think_answer").score(converted["src"], converted["tgt"], response) == {"answer": 1.0, "format": 1.25}
+
+
 def test_converted_targets_work_with_the_math_reward():
     math = get_reward_task("math")
     for row in GOOD_ROWS:

@@ -9,9 +9,10 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
-from helpers import TINY_CONFIG, launch_two_processes, overrides, run_grpo, running_reward_server, weights
+from helpers import TINY_CONFIG, launch_two_processes, logged, overrides, run_grpo, running_reward_server, weights
 from llm.alignment.ppo import run_ppo
 from paddle_alignment.data import PromptOnlyDataset
+from paddle_alignment.rewards import REWARD_TASKS, RewardTask, get_reward_task
 from paddle_alignment.rewards.arith import arith_reward
 from paddle_alignment.rewards.client import RewardServerError
 from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
@@ -33,6 +34,24 @@ def test_three_grpo_steps_through_the_reward_server(tiny_world, tmp_path):
         assert 0.0 <= metrics["eval_accuracy"] <= 1.0
     vdl_files = os.listdir(tmp_path / "vdl")
     assert any(name.startswith("vdlrecords") for name in vdl_files)
+
+
+def test_rows_the_reward_cannot_score_are_counted_and_the_run_goes_on(tiny_world, tmp_path, monkeypatch):
+    arith = get_reward_task("arith")
+
+    def fails_on_prompts_starting_with_1(src, tgt, response):
+        if src.startswith("1"):
+            raise RuntimeError("lookup table missing")
+        return arith.score(src, tgt, response)
+
+    flaky = RewardTask("flaky_arith", fails_on_prompts_starting_with_1, 1.0, 0.0, arith.read_target, {})
+    monkeypatch.setitem(REWARD_TASKS, "flaky_arith", flaky)
+    prompts = [json.loads(line)["src"] for line in open(tiny_world["train"])]
+    assert any(p.startswith("1") for p in prompts) and not all(p.startswith("1") for p in prompts)
+    run_grpo(tiny_world, tmp_path, use_rule_reward=True, reward_task="flaky_arith", max_steps=2)
+    assert json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())["global_step"] == 2
+    error_rows = logged(tmp_path / "vdl", "train/reward_error_rows")
+    assert len(error_rows) == 2 and sum(error_rows) > 0
 
 
 def test_rloo_with_gspo_loss_and_entropy_bonus_trains(tiny_world, tmp_path):

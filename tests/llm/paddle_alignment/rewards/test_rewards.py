@@ -323,3 +323,49 @@ def test_a_rule_that_raises_or_gives_a_non_finite_score_fails_only_its_row():
     assert [index for index, _ in scored.errors] == [1, 2]
     assert "RuntimeError: rule bug" in scored.errors[0][1]
     assert "non-finite score" in scored.errors[1][1]
+
+
+# ---------------------------------------------------------------- gsm8k_strict and math_think_answer
+
+
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("48 + 24 = 72\n#### 72", 1.0),
+        ("#### 1,234", 0.0),  # the reference is 72
+        ("The answer is \\boxed{72}.", 0.0),  # no ####: the strict rule pays nothing
+        ("####72", 0.0),  # "#### " with its space, as the rule's users reproduce it
+        ("#### 71\n#### 72", 1.0),  # the last mark
+        ("#### 72" + " filler" * 100, 0.0),  # the mark must be in the last 300 characters
+        ("#### 72.0", 0.0),  # the reference's string, not its value
+    ],
+)
+def test_gsm8k_strict_pays_only_the_last_hash_mark_equal_to_the_reference_string(response, expected):
+    assert get_reward_task("gsm8k_strict").score("q", "so 48+24 = 72\n#### 72", response) == expected
+
+
+def test_gsm8k_strict_refuses_a_reference_that_is_not_a_number():
+    with pytest.raises(TargetError, match="gsm8k_strict tgt"):
+        get_reward_task("gsm8k_strict").check_target("\\frac{3}{4}")
+
+
+@pytest.mark.parametrize(
+    "src, response, answer, format_",
+    [
+        ("q", "<think>48 + 24 = 72</think>\n<answer>72</answer>", 1.0, 1.25),
+        ("q", "<think>48 + 24 = 72</think>\n<answer>72</answer><|im_end|>", 1.0, 1.25),
+        ("q <think>", "48 + 24 = 72</think>\n<answer>72</answer>", 1.0, 1.25),  # the prompt opened <think>
+        ("q", "<think>48 + 24 = 72</think>\n<answer>73</answer>", -1.0, 1.25),
+        ("q", "48 + 24 = 72\n#### 72", 1.0, -1.0),  # right answer, wrong form
+        ("q", "Sure! <think>x</think><answer>72</answer>", 1.0, -1.0),  # text before <think>
+        ("q", "<think>x</think> So: <answer>72</answer>", 1.0, -1.0),  # text between the blocks
+        ("q", "<think>x</think><answer>72</answer> Done.", 1.0, -1.0),  # text after </answer>
+        ("q", "<think>x</think><answer>72</answer><answer>72</answer>", 1.0, -1.0),  # a tag twice
+    ],
+)
+def test_math_think_answer_pays_the_answer_and_the_exact_format_as_parts(src, response, answer, format_):
+    task = get_reward_task("math_think_answer")
+    assert task.score(src, "72", response) == {"answer": answer, "format": format_}
+    scored = task.score_batch([src], ["72"], [response])
+    assert scored.scores == [answer + format_] and scored.parts == {"answer": [answer], "format": [format_]}
+    assert (task.max_score, task.min_score) == (2.25, -2.0)

@@ -23,7 +23,7 @@ REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(REPO_ROOT, "llm"))
 
 from paddle_alignment.rewards import get_reward_task  # noqa: E402
-from reward_references import math_verify_correct, paddlenlp_kk_score  # noqa: E402
+from reward_references import math_verify_correct, paddlenlp_kk_score, paddlenlp_math_correct  # noqa: E402
 
 CASES = os.path.join(REPO_ROOT, "tests", "data", "reward_cases")
 
@@ -66,6 +66,21 @@ def percentile(values, fraction):
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
+def report_rule_on_its_references(task_name, cases):
+    """A rule's accuracy on the cases whose reference it reads (gsm8k_strict reads numbers only)."""
+    task = get_reward_task(task_name)
+    readable = []
+    for case in cases:
+        try:
+            task.check_target(case["tgt"])
+            readable.append(case)
+        except ValueError:
+            pass
+    verdicts, _ = grade_with_rule(task_name, readable)
+    right = sum(v == c["correct"] for v, c in zip(verdicts, readable))
+    print(f"  {task_name} (on the {len(readable)} cases with a number as reference): {right}/{len(readable)} right = {right / len(readable):.1%}")
+
+
 def report_math(show_differences):
     """Prints the figures; returns (the rule's accuracy, math-verify's or None)."""
     cases = load_cases("math.jsonl")
@@ -81,6 +96,9 @@ def report_math(show_differences):
         print(f"  math-verify: {theirs_right}/{len(cases)} right = {theirs_right / len(cases):.1%}")
     else:
         print("  math-verify: not installed (pip install math-verify) - no comparison")
+    paddlenlp_right = sum(paddlenlp_math_correct(c["tgt"], c["response"]) == c["correct"] for c in cases)
+    print(f"  PaddleNLP's math server rule (last number, as a string): {paddlenlp_right}/{len(cases)} right = {paddlenlp_right / len(cases):.1%}")
+    report_rule_on_its_references("gsm8k_strict", cases)
     milliseconds = [s * 1000 for s in seconds]
     print(
         f"  cost of the math rule per response: median {percentile(milliseconds, 0.5):.2f} ms, "

@@ -3,6 +3,8 @@
 - `math_verify_correct`: Hugging Face's math-verify as verl's `math_verify` reward calls it: the reference
   wrapped in `\\boxed{}` and parsed for LaTeX, the response parsed for LaTeX and plain expressions, with
   math-verify's own timeouts (main thread only). None when math-verify is not installed.
+- `paddlenlp_math_correct`: the rule of PaddleNLP's math reward server (the same file, its GSM8K
+  version): the last run of digits, dots and commas of the response, as a string, equals the reference's.
 - `paddlenlp_kk_score`: the scoring of PaddleNLP's kk reward server (llm/alignment/ppo/reward_server.py
   there), rewritten here from its behaviour: it always puts `<think>` before the response, reads a tgt
   line's first word and role, and takes each person's first "NAME is a knight/knave".
@@ -25,6 +27,15 @@ def math_verify_correct(tgt, response):
         return bool(gold and answer and verify(gold, answer))
     except Exception:  # a timeout or a parse error: graded wrong, as verl does
         return False
+
+
+def paddlenlp_math_correct(tgt, response):
+    def last_number(text):
+        numbers = [number for number in re.findall(r"(-?[0-9.,]+)", text) if number not in ("", ".")]
+        return numbers[-1] if numbers else None
+
+    answer = last_number(response)
+    return answer is not None and answer == last_number(tgt)
 
 
 def paddlenlp_kk_score(src, tgt, response):

@@ -26,7 +26,7 @@ Two rule sets share that scale:
   A claim hedged in its own clause ("Ethan is a knave or a knight", "Ethan is a knave, unless he is a
   knight", "Ethan is a knave if Zoey lies") decides nothing: the person is undecided, and the answer
   unparsable, as kk and PaddleNLP's server score such answers. It is right on every labelled case, `kk`
-  on 84% (the misses are PaddleNLP's rules: "X is a knight, not a knave" unparsable, text after
+  on 85% (the misses are PaddleNLP's rules: "X is a knight, not a knave" unparsable, text after
   </answer> accepted, a hedge after a decided claim accepted).
 Every check is a substring count or one linear-time regex scan, so adversarial output stays cheap.
 """

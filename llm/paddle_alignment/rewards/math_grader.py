@@ -36,7 +36,9 @@ _PHRASE = re.compile(
     r"\b(?:final\s+answer|the\s+answer|answer)\b\s*(?:is\b|should\s+be\b|would\s+be\b|[:=])\s*:?\s*", re.IGNORECASE
 )
 # A phrase's answer ends where its sentence does.
-_SENTENCE_END = re.compile(r"\n|[.;!?](?:\s|$)|,\s+(?:so|which|since|because|and)\b|\s+(?:because|since|as)\s")
+_SENTENCE_END = re.compile(r"\n|[.;!?](?:\s|$)|,\s+(?:so|which|since|because|and)\b|\s+(?:because|since|as|but|and\s+not)\s")
+# "The answer is the total of 3 and 4, so 7": prose after the phrase names no answer.
+_PROSE = re.compile(r"(?:[A-Za-z]{2,}\W+){3}")
 # A minus sign counts only where it does not join two words ("2-3 apples" holds 2 and 3, not -3).
 _NUMBER = re.compile(r"(?:(?<![\w)])-)?\\?\$?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|\.\d+)|\\frac\{-?\d+\}\{\d+\}")
 _HEDGE_BEFORE = re.compile(r"(?:\bor|\band/or|/)\s*[$({\\]*\s*$", re.IGNORECASE)
@@ -111,7 +113,9 @@ def all_markers(text):
             found.append((match.start(), inner))
     for match in _PHRASE.finditer(text):
         end = _SENTENCE_END.search(text, match.end())
-        found.append((match.start(), text[match.end() : end.start() if end else len(text)]))
+        answer = text[match.end() : end.start() if end else len(text)]
+        if not _PROSE.match(_COMMANDS.sub("", answer)):
+            found.append((match.start(), answer))
     return found
 
 

@@ -86,15 +86,15 @@ class Reading:
         return not self.text
 
 
-def braced(text, open_brace):
-    """The text inside the braces opening at `open_brace`, or None when they never close."""
-    depth = 0
-    for index in range(open_brace, len(text)):
-        char = text[index]
-        depth += (char == "{") - (char == "}")
-        if depth == 0:
-            return text[open_brace + 1 : index]
-    return None
+def brace_pairs(text):
+    """{position of "{": position of its "}"} of the braces of `text` that close, in one pass."""
+    pairs, opened = {}, []
+    for index, char in enumerate(text):
+        if char == "{":
+            opened.append(index)
+        elif char == "}" and opened:
+            pairs[opened.pop()] = index
+    return pairs
 
 
 def markers(text):
@@ -104,13 +104,13 @@ def markers(text):
 
 def all_markers(text):
     found = [(m.start(), m["text"]) for m in _GSM8K.finditer(text)]
+    pairs = brace_pairs(text) if "\\" in text else {}
     for match in _BOX_OPEN.finditer(text):
-        if text[match.end()] == "{":
-            inner = braced(text, match.end())
-        else:
-            inner = text[match.end() :].split(maxsplit=1)[0].rstrip(".$")
-        if inner is not None:
-            found.append((match.start(), inner))
+        brace = match.end()
+        if text[brace] != "{":
+            found.append((match.start(), text[brace:].split(maxsplit=1)[0].rstrip(".$")))
+        elif brace in pairs:
+            found.append((match.start(), text[brace + 1 : pairs[brace]]))
     for match in _PHRASE.finditer(text):
         end = _SENTENCE_END.search(text, match.end())
         answer = text[match.end() : end.start() if end else len(text)]

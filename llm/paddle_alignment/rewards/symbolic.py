@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_DEADLINE = 5.0  # seconds per call, as math-verify's own default timeout
 DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
 STARTUP_SECONDS = 120.0  # importing SymPy on a loaded machine
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class DeadlineExceeded(Exception):
@@ -33,7 +34,9 @@ class Worker:
     """One worker process; `call` sends a request and waits at most `deadline` seconds for its answer."""
 
     def __init__(self):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        # The worker imports this very package, wherever it was imported from.
+        paths = [PACKAGE_ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
         self.process = subprocess.Popen(
             [sys.executable, "-m", "paddle_alignment.rewards.symbolic_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )

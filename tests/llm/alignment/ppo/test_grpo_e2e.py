@@ -54,6 +54,16 @@ def test_rows_the_reward_cannot_score_are_counted_and_the_run_goes_on(tiny_world
     assert len(error_rows) == 2 and sum(error_rows) > 0
 
 
+def test_a_reference_the_reward_cannot_read_stops_the_run_at_start_naming_its_line(tiny_world, tmp_path):
+    rows = open(tiny_world["train"]).read().splitlines()[:6]
+    rows[4] = json.dumps({**json.loads(rows[4]), "tgt": "seventeen"})
+    train = tmp_path / "train.jsonl"
+    train.write_text("\n".join(rows) + "\n")
+    with pytest.raises(ValueError, match=rf"{train}:5: the reward cannot read the reference answer \('tgt'\): arith tgt 'seventeen'"):
+        run_grpo(tiny_world, tmp_path / "run", use_rule_reward=True, reward_task="arith", train_datasets=train)
+    assert not (tmp_path / "run" / "checkpoint-1").exists()
+
+
 def test_rloo_with_gspo_loss_and_entropy_bonus_trains(tiny_world, tmp_path):
     run_grpo(
         tiny_world, tmp_path, rl_algorithm="rloo", policy_loss="gspo", enable_overlong_reward_buffer=True, overlong_reward_buffer=2, clip_range_ratio_low=0.0003,

@@ -404,6 +404,22 @@ def test_math_server_scores_gsm8k_and_math_golds_a_long_response_and_a_malformed
     assert "response must be a string, got number" in answer["row_errors"][1]["error_msg"]
 
 
+def test_a_hung_parse_ends_at_the_deadline_in_the_servers_threads_and_the_batch_is_answered():
+    from paddle_alignment.rewards import symbolic
+
+    tower = "\\boxed{10^{10^{10^{10^{10}}}}}"
+    shared = symbolic.configure(deadline=1.0)
+    try:
+        with running_reward_server("math") as url:
+            started = time.perf_counter()
+            body = post(url, {"src": ["q"] * 2, "tgt": ["5", "\\frac{3}{4}"], "response": [tower, "\\boxed{0.75}"]}).json()
+            seconds = time.perf_counter() - started
+    finally:
+        symbolic.configure()
+    assert body["score"] == [0.0, 1.0] and "row_errors" not in body
+    assert shared.misses == 1 and seconds < 10  # the deadline, plus starting the workers
+
+
 def test_math_think_answer_server_returns_the_answer_and_format_parts():
     exact = "<think>48 + 24 = 72</think>\n<answer>72</answer>"
     with running_reward_server("math_think_answer") as url:

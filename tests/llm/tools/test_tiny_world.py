@@ -76,7 +76,7 @@ def test_prompt_dataset_truncates_long_prompts_and_names_bad_rows(tiny_world, tm
     assert len(dataset) == 2 and dataset[0]["label"] == "3" and len(dataset[1]["input_ids"]) == 8
     assert len(PromptOnlyDataset(str(path), tokenizer, max_prompt_len=8, filter_overlong_prompts=True)) == 1
     path.write_text('{"src": "1+2=", "tgt": "3"}\n{"src": "1+2="}\n')
-    with pytest.raises(ValueError, match=r"row 2: no reference answer \(column 'tgt'"):
+    with pytest.raises(ValueError, match=r"prompts.jsonl:2: no reference answer \(column 'tgt'"):
         PromptOnlyDataset(str(path), tokenizer, max_prompt_len=8, require_label=True)
     # A reward model needs no reference answer.
     assert PromptOnlyDataset(str(path), tokenizer, max_prompt_len=8)[1]["label"] == ""

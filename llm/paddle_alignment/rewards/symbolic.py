@@ -40,7 +40,10 @@ class Worker:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "paddle_alignment.rewards.symbolic_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )
-        self.read_line(STARTUP_SECONDS, "start")
+        try:
+            self.read_line(STARTUP_SECONDS, "start")
+        except DeadlineExceeded:
+            raise RuntimeError(f"the symbolic math worker did not start within {STARTUP_SECONDS:g} s") from None
 
     def read_line(self, seconds, what):
         ready, _, _ = select.select([self.process.stdout], [], [], seconds)
@@ -48,7 +51,7 @@ class Worker:
         if not line:
             self.close()
             if ready:
-                raise RuntimeError(f"the symbolic math worker died during its {what}")
+                raise RuntimeError(f"the symbolic math worker died during its {what} (its error is in the log above; is math-verify installed?)")
             raise DeadlineExceeded
         return json.loads(line)
 

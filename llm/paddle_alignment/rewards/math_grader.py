@@ -5,8 +5,9 @@ Finding the answer (`final_answer`), in the response's last `TAIL_CHARS` charact
 2. the marker that comes last wins: `#### N` (GSM8K), `\\boxed{...}` / `\\fbox{...}`, or a phrase such as
    "the answer is", "Final answer:", "Answer =". A corrected answer (`\\boxed{10} ... \\boxed{12}`) is 12;
 3. without a marker, the `<answer>` text itself, else the last number of the tail.
-An answer hedged between values ("72 or 73", `\\boxed{72} or \\boxed{73}`) is wrong unless the reference
-itself lists alternatives.
+An answer hedged between different values ("72 or 73", `\\boxed{72} or \\boxed{73}`) is wrong unless the
+reference itself lists alternatives; an "or" that restates the value ("one hundred, or \\boxed{100}") is
+no hedge.
 
 Reading (`clean`): units and `\\text{}` dropped, thousands separators (`1,000`, `1{,}000`, `1\\,000`) and
 Unicode minus, times and pi read, `$`/`\\(`, `\\left`/`\\right`, spacing commands and `x =` dropped, a percent
@@ -63,7 +64,7 @@ _PLAIN = re.compile(r"^(?P<sign>-?)(?:(?P<decimal>\d*\.?\d+(?:[eE][+-]?\d+)?)|(?
 @dataclass(frozen=True)
 class Answer:
     text: str  # as written (LaTeX or plain)
-    hedged: bool = False  # an alternative comes just before it: "72 or \\boxed{73}"
+    alternative: Optional[str] = None  # a number offered just before it: the 72 of "72 or \\boxed{73}"
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,10 @@ def final_answer(response):
         if not numbers:
             return None
         start, answer = numbers[-1].start(), numbers[-1][0]
-    return Answer(answer.strip(), bool(_HEDGE_BEFORE.search(region[max(0, start - HEDGE_WINDOW) : start])))
+    before = region[max(0, start - HEDGE_WINDOW) : start]
+    hedge = _HEDGE_BEFORE.search(before)
+    alternatives = list(_NUMBER.finditer(before[: hedge.start()])) if hedge else []
+    return Answer(answer.strip(), alternatives[-1][0] if alternatives else None)
 
 
 def strip_text_commands(text):
@@ -231,12 +235,13 @@ def grade(reference, response):
     found = final_answer(response)
     if found is None:
         return False
-    if found.hedged:
-        return False
     # "72 or 73" names alternatives: right only where the reference lists several values.
     if _ALTERNATIVES.search(found.text) and not _ALTERNATIVES.search(reference.text) and "," not in reference.text:
         return False
     answer = clean(found.text)
     if answer.is_empty:
+        return False
+    # "73 or \\boxed{72}" hedges; "one hundred, or \\boxed{100}" and "0.5 or \\boxed{\\frac{1}{2}}" restate.
+    if found.alternative is not None and not same_value(answer, clean(found.alternative)):
         return False
     return bool(same_value(reference, answer))

@@ -2,8 +2,8 @@
 
 Only what may be an outage is retried, with exponential backoff and a warning per retry: connection
 errors, timeouts, and 5xx answers that are not of the protocol (a proxy's 502/503/504, say). An answer
-of the protocol with a non-zero error_code is the server's verdict on the data (a 4xx, the 422 naming
-an item it cannot score, a 500 of its own): it raises `RewardServerError` at once with the server's
+of the protocol with a non-zero error_code is the server's verdict on the whole request (a 4xx, a 500
+of its own): it raises `RewardServerError` at once with the server's
 message, since asking again would get the same answer. It never returns made-up scores: training on
 rewards that were never computed would be silently wrong.
 

@@ -3,7 +3,7 @@ the last `####`), a MATH solution (its last `\\boxed{}`), or the bare answer: `7
 `2\\sqrt{2}`, `(3, \\frac{\\pi}{2})`, `[2, 5)`, `\\{1, 2\\}`.
 
 - `math`: 1 when the response's final answer equals the reference (`math_grader.grade`), else 0.
-- `gsm8k_strict`: the GSM8K strict rule users reproduce from verl and PaddleNLP: 1 when the last
+- `gsm8k_strict`: the GSM8K strict rule recipes reproduce (verl's `gsm8k` reward): 1 when the last
   `#### NUMBER` of the response's last 300 characters, commas and `$` removed, is the reference's number
   as a string, else 0.
 - `math_think_answer`: the widely copied Qwen2.5 GSM8K GRPO recipe: an answer part of +1 right / -1 wrong

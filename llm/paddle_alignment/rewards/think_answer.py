@@ -41,10 +41,9 @@ def extract_answer_strictly(src, response):
 
 
 def has_exact_format(src, response):
-    """`<think>reasoning</think> <answer>answer</answer>` and nothing else: each tag once, in order, only
-    whitespace between the blocks and only whitespace and end tokens after."""
+    """`<think>reasoning</think> <answer>answer</answer>` and nothing else: `extract_answer_strictly`'s form
+    (each tag once, in order, only whitespace before <think> and only end tokens after </answer>) with only
+    whitespace between the blocks."""
     if extract_answer_strictly(src, response) is None:
         return False
-    between = response[response.find(THINK_CLOSE) + len(THINK_CLOSE) : response.find(ANSWER_OPEN)]
-    before = response[: response.find(THINK_OPEN)] if not opens_think(src) else ""
-    return not between.strip() and not before.strip()
+    return not response[response.find(THINK_CLOSE) + len(THINK_CLOSE) : response.find(ANSWER_OPEN)].strip()

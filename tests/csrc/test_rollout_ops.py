@@ -143,6 +143,23 @@ def test_sampling_matches_numpy(ops, temperature, top_k, top_p):
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (0, 0.9), (0, 0.3), (50, 0.95), (20000, 0.8)])
+def test_sampling_matches_numpy_at_the_real_vocabulary(ops, top_k, top_p):
+    # Qwen2.5's 151,936 entries: peaked rows (a trained model's), flat rows (a random model's: the top-p
+    # selection then narrows through several rounds of key bits) and rows of exactly equal values (ties).
+    rng = np.random.default_rng(5)
+    vocab = 151936
+    logits = np.concatenate([
+        rng.normal(scale=4.0, size=(3, vocab)), rng.normal(scale=0.02, size=(3, vocab)),
+        np.repeat(rng.integers(0, 3, size=(2, vocab)) * 0.5, 1, axis=0),
+    ]).astype(np.float32)
+    step_idx = rng.integers(0, 100, size=len(logits))
+    rows = len(logits)
+    got = run_sample(ops, logits, 1.0, top_k, top_p, step_idx, seed=77)
+    expected = reference_sample(logits, np.full(rows, 1.0), np.full(rows, top_k), np.full(rows, top_p), step_idx, 77)
+    np.testing.assert_array_equal(got, expected)
+
+
 def test_tiny_top_p_and_near_zero_temperature_are_greedy(ops):
     rng = np.random.default_rng(2)
     logits = rng.normal(size=(32, 40)).astype(np.float32)

@@ -189,17 +189,18 @@ int64_t SampleRowCPU(const float* logits, int64_t vocab, float temperature, int6
 
 std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits, const paddle::Tensor& temperature,
                                    const paddle::Tensor& top_k, const paddle::Tensor& top_p,
-                                   const paddle::Tensor& step_idx, int64_t seed) {
+                                   const paddle::Tensor& step_idx, const paddle::Tensor& row_ids, int64_t seed) {
   PD_CHECK(logits.shape().size() == 2, "logits must be [batch, vocab]");
   const int64_t rows = logits.shape()[0], vocab = logits.shape()[1];
-  for (const auto* t : {&temperature, &top_k, &top_p, &step_idx}) CheckRowVector(*t, rows, "sampling inputs");
+  for (const auto* t : {&temperature, &top_k, &top_p, &step_idx, &row_ids}) CheckRowVector(*t, rows, "sampling inputs");
   auto tokens = paddle::empty({rows}, paddle::DataType::INT64, logits.place());
 #ifdef ROLLOUT_OPS_WITH_CUDA
   if (logits.is_gpu()) {
     auto workspace = paddle::empty({rows, vocab}, paddle::DataType::FLOAT32, logits.place());
     rollout::LaunchSample(logits.data<float>(), workspace.data<float>(), temperature.data<float>(),
                           top_k.data<int64_t>(), top_p.data<float>(), step_idx.data<int64_t>(),
-                          static_cast<uint64_t>(seed), tokens.data<int64_t>(), rows, vocab, StreamOf(logits));
+                          row_ids.data<int64_t>(), static_cast<uint64_t>(seed), tokens.data<int64_t>(), rows, vocab,
+                          StreamOf(logits));
     return {tokens};
   }
 #endif
@@ -207,7 +208,8 @@ std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits, const paddle::T
   int64_t* out = tokens.data<int64_t>();
   std::vector<float> probs, scratch;
   for (int64_t b = 0; b < rows; ++b) {
-    double u = rollout::uniform01(static_cast<uint64_t>(seed), b, static_cast<uint64_t>(step_idx.data<int64_t>()[b]));
+    double u = rollout::uniform01(static_cast<uint64_t>(seed), static_cast<uint64_t>(row_ids.data<int64_t>()[b]),
+                                  static_cast<uint64_t>(step_idx.data<int64_t>()[b]));
     out[b] = SampleRowCPU(data + b * vocab, vocab, temperature.data<float>()[b], top_k.data<int64_t>()[b],
                           top_p.data<float>()[b], u, &probs, &scratch);
   }
@@ -283,7 +285,7 @@ PD_BUILD_OP(rollout_token_penalty)
     .SetKernelFn(PD_KERNEL(TokenPenalty));
 
 PD_BUILD_OP(rollout_sample)
-    .Inputs({"logits", "temperature", "top_k", "top_p", "step_idx"})
+    .Inputs({"logits", "temperature", "top_k", "top_p", "step_idx", "row_ids"})
     .Outputs({"tokens"})
     .Attrs({"seed: int64_t"})
     .SetKernelFn(PD_KERNEL(Sample));

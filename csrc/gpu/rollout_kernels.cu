@@ -23,11 +23,12 @@ void LaunchTokenPenalty(float* logits, int32_t* counts, const int64_t* history, 
 }
 
 void LaunchSample(const float* logits, float* probs, const float* temperature, const int64_t* top_k,
-                  const float* top_p, const int64_t* step_idx, uint64_t seed, int64_t* tokens, int64_t rows,
+                  const float* top_p, const int64_t* step_idx, const int64_t* row_ids, uint64_t seed, int64_t* tokens,
+                  int64_t rows,
                   int64_t vocab, void* stream) {
   if (rows == 0) return;
-  SampleKernel<<<rows, kThreads, 0, AsStream(stream)>>>(logits, probs, temperature, top_k, top_p, step_idx, seed,
-                                                         tokens, vocab);
+  SampleKernel<<<rows, kThreads, 0, AsStream(stream)>>>(logits, probs, temperature, top_k, top_p, step_idx, row_ids,
+                                                         seed, tokens, vocab);
 }
 
 void LaunchSaveStep(int64_t* history, int64_t* step_idx, const int64_t* tokens, const bool* stop_flags,

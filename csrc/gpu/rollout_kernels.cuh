@@ -118,8 +118,8 @@ __device__ uint32_t TopPKey(const float* probs, int64_t vocab, uint32_t floor_ke
 // ---- sampling: one block of kThreads per row ----
 
 __global__ void SampleKernel(const float* logits, float* probs, const float* temperature, const int64_t* top_k,
-                             const float* top_p, const int64_t* step_idx, uint64_t seed, int64_t* tokens,
-                             int64_t vocab) {
+                             const float* top_p, const int64_t* step_idx, const int64_t* row_ids, uint64_t seed,
+                             int64_t* tokens, int64_t vocab) {
   __shared__ float shared_values[kThreads];
   __shared__ int64_t shared_indices[kThreads];
   __shared__ double shared_mass[kThreads];
@@ -176,7 +176,7 @@ __global__ void SampleKernel(const float* logits, float* probs, const float* tem
   shared_mass[threadIdx.x] = chunk_mass;
   __syncthreads();
   if (threadIdx.x == 0) {
-    const double target = uniform01(seed, static_cast<uint64_t>(b), static_cast<uint64_t>(step_idx[b])) * kept_mass;
+    const double target = uniform01(seed, static_cast<uint64_t>(row_ids[b]), static_cast<uint64_t>(step_idx[b])) * kept_mass;
     double cumulative = 0.0;
     int64_t picked = best, last_kept = best;
     bool found = false;

@@ -64,7 +64,8 @@ def reference_keep_mask(logits_row, temperature, top_k, top_p):
     return (probs >= threshold) & (probs > 0), probs
 
 
-def reference_sample(logits, temperature, top_k, top_p, step_idx, seed):
+def reference_sample(logits, temperature, top_k, top_p, step_idx, seed, row_ids=None):
+    row_ids = range(len(logits)) if row_ids is None else row_ids
     tokens = []
     for b, row in enumerate(logits):
         if temperature[b] <= 0 or top_k[b] == 1:
@@ -73,7 +74,7 @@ def reference_sample(logits, temperature, top_k, top_p, step_idx, seed):
         keep, probs = reference_keep_mask(row, temperature[b], top_k[b], top_p[b])
         mass = np.where(keep, probs, 0.0).astype(np.float64)
         cumulative = np.cumsum(mass)
-        target = uniform01(seed, b, int(step_idx[b])) * cumulative[-1]
+        target = uniform01(seed, int(row_ids[b]), int(step_idx[b])) * cumulative[-1]
         above = np.nonzero((cumulative > target) & keep)[0]
         tokens.append(int(above[0]) if len(above) else int(np.nonzero(keep)[0][-1]))
     return np.array(tokens)
@@ -122,11 +123,12 @@ def test_penalty_by_hand(ops):
 # ---- sampling ------------------------------------------------------------------------------------
 
 
-def run_sample(ops, logits, temperature, top_k, top_p, step_idx, seed):
+def run_sample(ops, logits, temperature, top_k, top_p, step_idx, seed, row_ids=None):
     rows = len(logits)
+    row_ids = np.arange(rows) if row_ids is None else row_ids
     return ops.rollout_sample(
         t(logits, "float32"), t(np.broadcast_to(temperature, rows), "float32"), t(np.broadcast_to(top_k, rows), "int64"),
-        t(np.broadcast_to(top_p, rows), "float32"), t(step_idx, "int64"), seed,
+        t(np.broadcast_to(top_p, rows), "float32"), t(step_idx, "int64"), t(row_ids, "int64"), seed,
     ).numpy()
 
 
@@ -175,6 +177,19 @@ def test_sampling_is_seeded_and_reproducible(ops):
     np.testing.assert_array_equal(first, run_sample(ops, logits, 1.0, 0, 1.0, steps, seed=7))
     assert (first != run_sample(ops, logits, 1.0, 0, 1.0, steps, seed=8)).any()
     assert (first != run_sample(ops, logits, 1.0, 0, 1.0, steps + 1, seed=7)).any()
+
+
+def test_a_rows_draw_follows_its_row_id_not_its_place_in_the_batch(ops):
+    # The decode loop drops finished rows: the rows left keep their ids, and so their random streams.
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(12, 300)).astype(np.float32)
+    steps = rng.integers(0, 50, size=12)
+    whole = run_sample(ops, logits, 1.0, 0, 1.0, steps, seed=5)
+    kept = np.array([1, 4, 5, 9, 11])
+    part = run_sample(ops, logits[kept], 1.0, 0, 1.0, steps[kept], seed=5, row_ids=kept)
+    np.testing.assert_array_equal(part, whole[kept])
+    np.testing.assert_array_equal(part, reference_sample(logits[kept], *(np.ones(5), np.zeros(5), np.ones(5)), steps[kept], 5, kept))
+    assert (part != run_sample(ops, logits[kept], 1.0, 0, 1.0, steps[kept], seed=5)).any()
 
 
 def test_sampling_frequencies_follow_the_kept_distribution(ops):

@@ -166,3 +166,9 @@ class NativeCacheSession:
         self.cache = paddle.repeat_interleave(self.cache, copies, axis=2)
         self.key_valid = paddle.repeat_interleave(self.key_valid, copies, axis=0)
         self.batch_size *= copies
+
+    def keep_rows(self, kept):
+        """See StaticCacheDecoder.keep_rows."""
+        self.cache = paddle.index_select(self.cache, kept, axis=2)
+        self.key_valid = paddle.index_select(self.key_valid, kept)
+        self.batch_size = kept.shape[0]

@@ -132,5 +132,13 @@ class StaticCacheDecoder:
         self.values = [paddle.repeat_interleave(v, copies, axis=0) for v in self.values]
         self.key_mask = paddle.repeat_interleave(self.key_mask, copies, axis=0)
 
+    def keep_rows(self, kept):
+        """Keep only the rows at positions `kept` (an int64 index tensor): the decode loop drops finished rows."""
+        if self.native is not None:
+            return self.native.keep_rows(kept)
+        self.keys = [paddle.index_select(k, kept) for k in self.keys]
+        self.values = [paddle.index_select(v, kept) for v in self.values]
+        self.key_mask = paddle.index_select(self.key_mask, kept)
+
     def step(self, tokens):
         return self.forward(tokens.unsqueeze(-1))

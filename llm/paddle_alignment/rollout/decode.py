@@ -89,44 +89,92 @@ def draw_seed():
     return int(paddle.randint(0, 2**31 - 1, [1]))
 
 
+class RunningRows:
+    """The per-row state of the rows still decoding (history, step counts, stop flags, sampling settings), and
+    `row_ids`, their indices in the whole batch: finished rows are dropped from the batch (`drop_finished`)
+    so that no step computes, samples or attends for them."""
+
+    PER_ROW = ("row_ids", "history", "step_idx", "stop_flags", "repetition", "frequency", "presence", "min_len",
+               "temperature", "top_k", "top_p")
+
+    def __init__(self, rows, sampling: SamplingConfig, pad_id):
+        self.row_ids = paddle.arange(rows, dtype="int64")
+        self.history = paddle.full([rows, sampling.max_dec_len], pad_id, dtype="int64")
+        self.step_idx = paddle.zeros([rows], dtype="int64")
+        self.stop_flags = paddle.zeros([rows], dtype="bool")
+        self.repetition = per_row(sampling.repetition_penalty, rows, "float32")
+        self.frequency, self.presence = per_row(0.0, rows, "float32"), per_row(0.0, rows, "float32")
+        self.min_len = per_row(sampling.min_dec_len, rows, "int64")
+        self.temperature = per_row(0.0 if sampling.greedy else sampling.temperature, rows, "float32")
+        self.top_k, self.top_p = per_row(sampling.top_k, rows, "int64"), per_row(sampling.top_p, rows, "float32")
+
+    def __len__(self):
+        return self.row_ids.shape[0]
+
+    @property
+    def penalties(self):
+        return self.repetition, self.frequency, self.presence, self.min_len
+
+    def finished_enough(self):
+        """Whether a quarter of the rows have finished: dropping them then saves more than the copy of the
+        KV cache that it costs."""
+        return 4 * int(self.stop_flags.astype("int32").sum()) >= len(self)
+
+    def drop_finished(self, responses):
+        """Write the finished rows' tokens into `responses` [all rows, max_dec_len] and keep the others; returns
+        the positions kept (for the decoder's cache and the last tokens)."""
+        finished = paddle.nonzero(self.stop_flags).reshape([-1])
+        kept = paddle.nonzero(paddle.logical_not(self.stop_flags)).reshape([-1])
+        paddle.scatter_(responses, self.row_ids[finished], self.history[finished], overwrite=True)
+        for name in self.PER_ROW:
+            setattr(self, name, paddle.index_select(getattr(self, name), kept))
+        return kept
+
+
 def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: SamplingConfig, seed, record_logprobs=False,
                     copies=1):
     """The fast decode loop, sampling from `seed` `copies` responses of each prompt of `input_ids` [P, L]
     (rows B = P * copies, a prompt's copies adjacent; the prompt is prefilled once and its cache repeated):
     returns response ids [B, R], R = the longest response, and with `record_logprobs` their log-probs under
-    the sampling policy softmax(logits / temperature), taken from the logits before penalties (else None)."""
+    the sampling policy softmax(logits / temperature), taken from the logits before penalties (else None).
+    Rows that finish are dropped from the batch once a quarter of it has finished, and the loop stops when
+    every row has; each row samples what it would in the whole batch (its random stream is keyed by its row)."""
     prompts, prompt_len = input_ids.shape
     rows, max_dec = prompts * copies, sampling.max_dec_len
     decoder = StaticCacheDecoder(model, prompts, prompt_len + max_dec, prompt_mask)
     eos_ids = paddle.to_tensor([tokenizer.eos_token_id], dtype="int64")
     no_banned = paddle.zeros([0], dtype="int64")
-    history = paddle.full([rows, max_dec], tokenizer.pad_token_id, dtype="int64")
-    step_idx = paddle.zeros([rows], dtype="int64")
-    stop_flags = paddle.zeros([rows], dtype="bool")
-    penalties = [per_row(sampling.repetition_penalty, rows, "float32"), per_row(0.0, rows, "float32"),
-                 per_row(0.0, rows, "float32"), per_row(sampling.min_dec_len, rows, "int64")]
-    temperature = per_row(0.0 if sampling.greedy else sampling.temperature, rows, "float32")
-    top_k, top_p = per_row(sampling.top_k, rows, "int64"), per_row(sampling.top_p, rows, "float32")
+    running = RunningRows(rows, sampling, tokenizer.pad_token_id)
+    responses = paddle.full([rows, max_dec], tokenizer.pad_token_id, dtype="int64")
+    logprobs = paddle.zeros([rows, max_dec], dtype="float32") if record_logprobs else None
     seed = decoder.same_on_every_rank(seed)
     logits = decoder.prefill(input_ids)
     if copies > 1:
         decoder.repeat_rows(copies)
         logits = paddle.repeat_interleave(logits, copies, axis=0)
-    logprobs = []
-    for _ in range(max_dec):
+    length = 0  # of the longest response: every running row has taken each step so far
+    for step in range(max_dec):
         # The penalty op changes the logits in place: the policy's are kept for the log-probs.
         policy_logits = logits.clone() if record_logprobs else None
-        ops.rollout_token_penalty(logits, history, step_idx, *penalties, eos_ids, no_banned)
-        tokens = ops.rollout_sample(logits, temperature, top_k, top_p, step_idx, seed)
+        ops.rollout_token_penalty(logits, running.history, running.step_idx, *running.penalties, eos_ids, no_banned)
+        tokens = ops.rollout_sample(logits, running.temperature, running.top_k, running.top_p, running.step_idx,
+                                    running.row_ids, seed)
         if record_logprobs:
-            logprobs.append(token_logprobs_and_entropy(policy_logits, tokens.reshape([-1]), sampling.temperature)[0].unsqueeze(1))
-        ops.rollout_save_step(history, step_idx, tokens, stop_flags)
-        _, _, not_need_stop = ops.rollout_update_stop(tokens, stop_flags, step_idx, eos_ids, max_dec, tokenizer.pad_token_id)
+            token_logprobs = token_logprobs_and_entropy(policy_logits, tokens.reshape([-1]), sampling.temperature)[0]
+            logprobs[running.row_ids, step] = token_logprobs
+        ops.rollout_save_step(running.history, running.step_idx, tokens, running.stop_flags)
+        _, _, not_need_stop = ops.rollout_update_stop(tokens, running.stop_flags, running.step_idx, eos_ids, max_dec,
+                                                      tokenizer.pad_token_id)
+        length = step + 1
         if not bool(not_need_stop):
             break
+        if running.finished_enough():
+            kept = running.drop_finished(responses)
+            decoder.keep_rows(kept)
+            tokens = paddle.index_select(tokens, kept)
         logits = decoder.step(tokens)
-    length = int(step_idx.max())
-    return history[:, :length], paddle.concat(logprobs[:length], axis=1) if record_logprobs else None
+    paddle.scatter_(responses, running.row_ids, running.history, overwrite=True)
+    return responses[:, :length], logprobs[:, :length] if record_logprobs else None
 
 
 def decode_with_generate(model, tokenizer, input_ids, prompt_mask, sampling: SamplingConfig):

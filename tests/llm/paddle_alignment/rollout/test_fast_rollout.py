@@ -122,6 +122,32 @@ def test_a_prompt_prefilled_once_samples_as_its_repeated_rows(ops, tiny_world, t
     np.testing.assert_allclose(shared[1].numpy(), each[1].numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("native", ["on", "off"])
+def test_dropping_finished_rows_changes_no_token_and_no_logprob(ops, tiny_world, tokenizer, monkeypatch, native):
+    """The trained model's sampled answers end at different steps: the loop drops finished rows from the batch
+    (and their cache), and every row still samples and records what it would have in the whole batch."""
+    monkeypatch.setenv(NATIVE_SWITCH, native)
+    model = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
+    model.eval()
+    items = eval_items(tiny_world, tokenizer, 6)
+    prompts, mask = infer_utils.left_pad([item["input_ids"] for item in items], tokenizer.pad_token_id)
+    sampling = SamplingConfig(max_dec_len=24, temperature=1.5)
+    drops = []
+    drop = infer_utils.RunningRows.drop_finished
+    monkeypatch.setattr(infer_utils.RunningRows, "drop_finished", lambda self, out: drops.append(len(self)) or drop(self, out))
+    with paddle.no_grad():
+        dropping = infer_utils.decode_with_ops(ops, model, tokenizer, prompts, mask, sampling, 11, True, copies=4)
+        monkeypatch.setattr(infer_utils.RunningRows, "finished_enough", lambda self: False)
+        whole = infer_utils.decode_with_ops(ops, model, tokenizer, prompts, mask, sampling, 11, True, copies=4)
+    assert len(drops) >= 2 and drops[0] == 24  # rows were dropped, more than once
+    lengths = (whole[0] == tokenizer.eos_token_id).astype("int64").argmax(axis=1).numpy()
+    assert len(set(lengths.tolist())) >= 3  # the rows ended at different steps
+    np.testing.assert_array_equal(dropping[0].numpy(), whole[0].numpy())
+    # (a finished row's later steps are padding, with no log-prob once it is dropped)
+    mask = infer_utils.response_mask_from_tokens(whole[0], tokenizer.eos_token_id)[0].numpy()
+    np.testing.assert_allclose(dropping[1].numpy() * mask, whole[1].numpy() * mask, rtol=1e-5, atol=1e-6)
+
+
 def test_fast_rollouts_respect_min_and_max_length(ops, tiny_world, tokenizer):
     model = AutoModelForCausalLM.from_pretrained(tiny_world["random_model"])
     items = eval_items(tiny_world, tokenizer, 4)

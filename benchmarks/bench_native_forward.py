@@ -27,6 +27,7 @@ from paddlenlp.transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from paddle_alignment.algos.token_stats import position_ids_from_mask  # noqa: E402
 from paddle_alignment.models.fused_kernels import use_fused_kernels  # noqa: E402
+from paddle_alignment.models.head_logprobs import head_logits  # noqa: E402
 from paddle_alignment.models.native_forward import SWITCH, NativeDecoder, native_ops  # noqa: E402
 from paddle_alignment.models.static_cache_decoder import StaticCacheDecoder  # noqa: E402
 
@@ -48,7 +49,8 @@ def demo_shaped_model():
 def reference_pass(model, input_ids, mask):
     native = NativeDecoder.for_model(model)
     if native is not None:
-        return native.response_logits(input_ids, mask, PROMPT)
+        hidden = native.response_hidden(input_ids, mask, PROMPT)
+        return head_logits(hidden, native.lm_head.weight, native.lm_head.transpose)
     position_ids = position_ids_from_mask(mask)
     return model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, return_dict=True).logits
 

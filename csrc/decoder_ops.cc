@@ -7,7 +7,8 @@
 //
 // native_decoder_forward(input_ids [B, S], position_ids [B, S], key_valid [B, T], cache [L, 2, B, KV, T, D],
 //                        cos [.., D], sin [.., D], weights)
-//   -> logits [B, logits_end - logits_start, V] of positions [logits_start, logits_end) of this call.
+//   -> logits [B, logits_end - logits_start, V] of positions [logits_start, logits_end) of this call; with
+//      apply_lm_head false, their final-normed hidden states [B, logits_end - logits_start, H] instead.
 // The S new tokens sit at cache positions [start, start + S); their keys and values are written there, and
 // each attends to the cache positions up to its own (causal) whose key_valid is non-zero (padding masked).
 // A query with no visible key (a left-padding position) gets a zero attention output; nothing else reads
@@ -244,7 +245,7 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
                                            const paddle::Tensor& cos, const paddle::Tensor& sin,
                                            const std::vector<paddle::Tensor>& weights, int start, float epsilon,
                                            bool has_qkv_bias, bool transpose_lm_head, int logits_start,
-                                           int logits_end) {
+                                           int logits_end, bool apply_lm_head) {
   CheckInt64CPU(input_ids, "input_ids");
   CheckInt64CPU(position_ids, "position_ids");
   CheckInt64CPU(key_valid, "key_valid");
@@ -312,6 +313,11 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
     fused::RmsNormRows(&hidden[(b * d.seq + logits_start) * d.hidden], nullptr, final_norm, epsilon, kept,
                        d.hidden, &normed[b * kept * d.hidden], nullptr, nullptr);
   }
+  if (!apply_lm_head) {  // the caller projects them itself, a chunk of positions at a time
+    auto normed_out = paddle::empty({d.batch, kept, d.hidden}, paddle::DataType::FLOAT32, input_ids.place());
+    std::copy(normed.begin(), normed.begin() + rows * d.hidden, normed_out.data<float>());
+    return {normed_out};
+  }
   auto logits = paddle::empty({d.batch, kept, d.vocab}, paddle::DataType::FLOAT32, input_ids.place());
   if (rows > 0) MatMul(normed.data(), lm_head, logits.data<float>(), rows, d.vocab, d.hidden, 0.0f, transpose_lm_head);
   return {logits};
@@ -323,9 +329,11 @@ std::vector<std::vector<int64_t>> DecoderForwardShape(const std::vector<int64_t>
                                                       const std::vector<int64_t>&,
                                                       const std::vector<std::vector<int64_t>>& weights, int,
                                                       float, bool, bool transpose_lm_head, int logits_start,
-                                                      int logits_end) {
+                                                      int logits_end, bool apply_lm_head) {
   const auto& head = weights.back();
-  return {{input_ids[0], logits_end - logits_start, transpose_lm_head ? head[0] : head[1]}};
+  const int64_t hidden = weights[weights.size() - 2][0];  // the final norm's [H]
+  const int64_t width = !apply_lm_head ? hidden : transpose_lm_head ? head[0] : head[1];
+  return {{input_ids[0], logits_end - logits_start, width}};
 }
 
 std::vector<paddle::DataType> DecoderForwardDtype(const paddle::DataType&, const paddle::DataType&,
@@ -341,7 +349,7 @@ PD_BUILD_OP(native_decoder_forward)
     .Inputs({"input_ids", "position_ids", "key_valid", "cache", "cos", "sin", paddle::Vec("weights")})
     .Outputs({"logits"})
     .Attrs({"start: int", "epsilon: float", "has_qkv_bias: bool", "transpose_lm_head: bool", "logits_start: int",
-            "logits_end: int"})
+            "logits_end: int", "apply_lm_head: bool"})
     .SetKernelFn(PD_KERNEL(DecoderForward))
     .SetInferShapeFn(PD_INFER_SHAPE(DecoderForwardShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(DecoderForwardDtype));

@@ -53,6 +53,23 @@ class Experience:
     def __len__(self):
         return self.input_ids.shape[0]
 
+    # The fields with a response axis [B, R] (the rest are per row, or [B, P+R]).
+    RESPONSE_FIELDS = ("response_mask", "old_logprobs", "ref_logprobs", "advantages", "values", "returns")
+
+    def trimmed(self):
+        """These rows without the padding columns none of them uses: prompt columns left of the longest prompt
+        and response columns right of the longest response (micro_batches.py)."""
+        prompt_len = self.prompt_len
+        prompt_width = int(self.attention_mask[:, :prompt_len].astype("int64").sum(axis=1).max())
+        response_width = max(1, int(self.response_mask.sum(axis=1).max()))
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in ("input_ids", "attention_mask"):
+            values[name] = values[name][:, prompt_len - prompt_width : prompt_len + response_width]
+        for name in self.RESPONSE_FIELDS:
+            if values[name] is not None:
+                values[name] = values[name][:, :response_width]
+        return Experience(**values)
+
     def select(self, start, end):
         """Rows [start, end) as a new Experience (a micro-batch)."""
         return self.take(list(range(start, min(end, len(self)))))

@@ -45,8 +45,9 @@ from paddle_alignment.distributed import (
 from paddle_alignment.data import IGNORE_INDEX
 from paddle_alignment.experience import Experience
 from paddle_alignment.fused_optimizer import FusedOptimizerMixin, build_optimizer, gradient_norm
+from paddle_alignment.micro_batches import MicroBatching
 from paddle_alignment.models.lora_utils import is_lora
-from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective, response_labels, response_logits
+from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective, response_token_stats
 from paddle_alignment.models.score_model_utils import RunningMeanStd
 from paddle_alignment.models.tensor_parallel import is_tensor_parallel, whole
 from paddle_alignment.offload import OffloadPlan
@@ -379,15 +380,16 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
 
     @paddle.no_grad()
     def compute_values(self, exp):
-        """Critic values at rollout time, in micro-batches of per_device_value_batch_size: [B, R]."""
-        size = self.args.per_device_value_batch_size
+        """Critic values at rollout time, in micro-batches of per_device_value_batch_size rows' tokens: [B, R]."""
         self.critic.eval()
-        chunks = []
-        for start in range(0, len(exp), size):
+
+        def values_of(micro):
             with self.autocast_smart_context_manager():
-                chunks.append(whole(response_values(self.critic, exp.select(start, start + size))))
+                return whole(response_values(self.critic, micro))
+
+        values = MicroBatching.from_args(self.args, self.args.per_device_value_batch_size).run(exp, values_of)
         self.critic.train()
-        return paddle.concat(chunks, axis=0) * exp.response_mask
+        return values * exp.response_mask
 
     def update(self, exp):
         """`update_iters` passes over micro-batches, one optimizer step of the actor (and critic) every
@@ -398,12 +400,22 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         size, accumulate = args.per_device_train_batch_size, args.gradient_accumulation_steps
         self.model.train()
         shares, means, count, grad_norms = {}, {}, 0, {"grad_norm": [], "critic_grad_norm": []}
+        # Each optimizer step takes the rows of `accumulate` micro-batches of `size` rows in rollout order,
+        # which micro_batches.py then splits by their tokens.
         starts = [s for _ in range(args.update_iters) for s in range(0, len(exp), size)]
-        steps = [starts[i : i + accumulate] for i in range(0, len(starts), accumulate)]
-        for step_starts, scale in zip(steps, self.loss_scales(exp.response_mask, steps, size)):
-            for i, start in enumerate(step_starts):
-                steps_now = i == len(step_starts) - 1
-                micro = exp.select(start, start + size)
+        steps = [
+            [row for start in starts[i : i + accumulate] for row in range(start, min(start + size, len(exp)))]
+            for i in range(0, len(starts), accumulate)
+        ]
+        batching = MicroBatching.from_args(args, size)
+        splits = self.same_number_of_micro_batches(batching, exp, steps)
+        computed_tokens = real_tokens = 0
+        for micro_rows, scale in zip(splits, self.loss_scales(exp.response_mask, steps)):
+            for i, rows in enumerate(micro_rows):
+                steps_now = i == len(micro_rows) - 1
+                micro = batching.micro_batch(exp, rows)
+                computed_tokens += micro.input_ids.shape[0] * micro.input_ids.shape[1]
+                real_tokens += int(micro.attention_mask.sum())
                 stats = self.backward(self.model_wrapped, self.policy_loss, micro, scale, steps_now)
                 if self.critic is not None:
                     stats |= self.backward(self.critic_wrapped, self.value_loss, micro, scale, steps_now)
@@ -420,16 +432,24 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         metrics["lr"] = self.lr_scheduler.get_lr()
         if self.critic is not None:
             metrics["critic_lr"] = self.critic_lr_scheduler.get_lr()
+        metrics["update_padding_ratio"] = computed_tokens / max(real_tokens, 1)
         return metrics
 
     @staticmethod
-    def loss_scales(response_mask, steps, size):
-        """The LossScale of each optimizer step (a list of micro-batch starts): its response tokens and
-        responses, summed over its micro-batches and the data ranks."""
+    def same_number_of_micro_batches(batching, exp, steps):
+        """The micro-batches (row lists) of each optimizer step's rows, as many on every data rank (the ranks'
+        backward passes must pair up): the most any rank needs."""
+        counts = all_reduce_scalars({f"step_{i}": len(batching.split(exp, rows)) for i, rows in enumerate(steps)},
+                                    op=dist.ReduceOp.MAX)
+        return [batching.split(exp, rows, int(counts[f"step_{i}"])) for i, rows in enumerate(steps)]
+
+    @staticmethod
+    def loss_scales(response_mask, steps):
+        """The LossScale of each optimizer step (a list of its rows): its response tokens and responses,
+        summed over its micro-batches and the data ranks."""
         tokens = response_mask.sum(axis=1).numpy()
         local = {}
-        for i, starts in enumerate(steps):
-            rows = [row for start in starts for row in range(start, min(start + size, len(tokens)))]
+        for i, rows in enumerate(steps):
             local[f"tokens_{i}"], local[f"sequences_{i}"] = float(tokens[rows].sum()), float(len(rows))
         totals = all_reduce_scalars(local)
         ranks = data_parallel_rank_and_size()[1]
@@ -450,10 +470,11 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         """The policy objective on a micro-batch, plus ptx_coeff x the language-model loss of a ptx
         micro-batch (a mean per micro-batch, so averaged over the accumulation steps)."""
         with self.autocast_smart_context_manager():
-            logits = response_logits(self.model_wrapped, micro)
-        loss, stats = self.policy_objective(
-            logits, response_labels(micro), micro.old_logprobs, micro.ref_logprobs, micro.advantages, micro.response_mask,
-            scale,
+            logprobs, entropy = response_token_stats(
+                self.model_wrapped, micro, self.args.temperature, self.args.logprob_chunk_tokens
+            )
+        loss, stats = self.policy_objective.loss(
+            logprobs, entropy, micro.old_logprobs, micro.ref_logprobs, micro.advantages, micro.response_mask, scale
         )
         if self.ptx_batches is not None:
             with self.autocast_smart_context_manager():

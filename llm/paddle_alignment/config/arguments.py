@@ -29,6 +29,7 @@ from paddle_alignment.algos import (
     POLICY_LOSSES,
 )
 from paddle_alignment.config.paddlenlp_keys import canonical_options, config_tokens, drop_keys_without_effect, read_config, split_options
+from paddle_alignment.models.head_logprobs import DEFAULT_CHUNK_TOKENS
 from paddle_alignment.offload import parse_offload_level
 from paddle_alignment.rewards import REWARD_TASKS
 
@@ -166,6 +167,18 @@ class BatchSizeArguments:
     per_device_value_batch_size: int = field(
         default=-1, metadata={"help": "Responses per forward of the critic's rollout values (-1: per_device_train_batch_size)."}
     )
+    use_dynamic_batch_size: bool = field(
+        default=True,
+        metadata={"help": "Micro-batches of the update, log-prob and value passes formed by a token budget (max_token_len_per_device): rows ordered by length, each micro-batch cut to its own rows' width, so no pass computes on the padding of the batch's longest response (verl's use_dynamic_bsz). The loss is unchanged: it is averaged over the whole optimizer step. false: per_device_*_batch_size rows at a time in rollout order, padded to the batch's width."},
+    )
+    max_token_len_per_device: int = field(
+        default=-1,
+        metadata={"help": "With use_dynamic_batch_size: padded tokens (rows x (longest prompt + longest response) of the micro-batch) per micro-batch. -1: per_device_*_batch_size of the pass x the batch's longest prompt plus longest response, so no micro-batch holds more than the fixed split would."},
+    )
+    logprob_chunk_tokens: int = field(
+        default=DEFAULT_CHUNK_TOKENS,
+        metadata={"help": "Response tokens whose logits exist at once in the log-prob and entropy passes, forward and backward: the LM head projects this many positions at a time, so memory does not grow with the vocabulary times the batch (Qwen2.5's 151,936 entries: 0.6 GB of float32 logits per 1,024 tokens). 0: the whole micro-batch at once."},
+    )
     dataloader_shuffle: bool = field(default=True, metadata={"help": "Shuffle the prompts (each epoch anew, from the seed)."})
 
     def resolve_batch_sizes(self):
@@ -217,6 +230,8 @@ class BatchSizeArguments:
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        if self.logprob_chunk_tokens < 0:
+            raise ValueError(f"logprob_chunk_tokens must be 0 (no chunks) or positive, got {self.logprob_chunk_tokens}")
         if self.dynamic_sampling and self.global_gen_batch_size > 0 and self.global_gen_batch_size % self.dataset_world_size:
             raise ValueError(
                 f"global_gen_batch_size={self.global_gen_batch_size} must divide over the {self.dataset_world_size} data-parallel ranks"

@@ -8,8 +8,9 @@ built, PADDLE_ALIGNMENT_FUSED_KERNELS=off (Paddle's own ops, for comparison) or
 PADDLE_ALIGNMENT_NATIVE_FORWARD=off (the eager passes with the fused kernels), or the model is not a
 float32 CPU Qwen2/Llama on one device without LoRA adapters. Callers then run the model's own forward.
 
-- `response_logits(input_ids, attention_mask, prompt_len)`: the trainer's log-prob pass, positions counted
-  over real tokens (`position_ids_from_mask`), logits of the positions that predict the response only;
+- `response_hidden(input_ids, attention_mask, prompt_len)`: the trainer's log-prob pass, positions counted
+  over real tokens (`position_ids_from_mask`), the final hidden states of the positions that predict the
+  response only, which the LM head (`lm_head`) projects a chunk of tokens at a time (models/head_logprobs.py);
 - `NativeCacheSession`: the static-cache decode loop's forward (models/static_cache_decoder.py), positions
   i of the left-padded batch being i for every row, keys and values kept in one cache tensor.
 
@@ -84,10 +85,10 @@ class NativeDecoder:
         base = getattr(model, model.base_model_prefix)
         layers = [LayerWeights(layer, group=None) for layer in base.layers]
         self.has_qkv_bias = layers[0].qkv_bias is not None
-        lm_head = LMHead(model.lm_head, group=None)
-        self.transpose_lm_head = lm_head.transpose
+        self.lm_head = LMHead(model.lm_head, group=None)
+        self.transpose_lm_head = self.lm_head.transpose
         self.weights = [w for layer in layers for w in self.layer_weights(layer)]
-        self.weights += [base.embed_tokens.weight, base.norm.weight, lm_head.weight]
+        self.weights += [base.embed_tokens.weight, base.norm.weight, self.lm_head.weight]
         self.epsilon = float(base.norm.variance_epsilon)
         attention = base.layers[0].self_attn
         self.rotary_emb = attention.rotary_emb
@@ -121,22 +122,25 @@ class NativeDecoder:
         layers, _, _, kv_heads, _, head_dim = self.cache_shape
         return paddle.empty([layers, 2, batch, kv_heads, length, head_dim], dtype="float32")
 
-    def __call__(self, input_ids, position_ids, key_valid, cache, rope, start, logits_start, logits_end):
+    def __call__(self, input_ids, position_ids, key_valid, cache, rope, start, logits_start, logits_end,
+                 apply_lm_head=True):
         """Logits [B, logits_end - logits_start, V] of the new tokens `input_ids` [B, S] at cache positions
-        [start, start + S); see csrc/decoder_ops.cc."""
+        [start, start + S), or with `apply_lm_head` False their final-normed hidden states [.., H]; see
+        csrc/decoder_ops.cc."""
         return self.ops.native_decoder_forward(
             input_ids, position_ids, key_valid, cache, *rope, self.weights, start, self.epsilon, self.has_qkv_bias,
-            self.transpose_lm_head, logits_start, logits_end,
+            self.transpose_lm_head, logits_start, logits_end, apply_lm_head,
         )
 
-    def response_logits(self, input_ids, attention_mask, prompt_len):
-        """Logits that predict each response token of left-padded prompts + responses: [B, R, V] (the
-        trainer's `response_logits`, positions counted over real tokens)."""
+    def response_hidden(self, input_ids, attention_mask, prompt_len):
+        """The final-normed hidden states that predict each response token of left-padded prompts + responses:
+        [B, R, H], for the LM head (`self.lm_head`) to project chunk by chunk (the trainer's
+        `response_token_stats`, positions counted over real tokens)."""
         batch, length = input_ids.shape
         attention_mask = attention_mask.astype("int64")
         return self(
             input_ids.astype("int64"), position_ids_from_mask(attention_mask), attention_mask,
-            self.new_cache(batch, length), self.rope_tables(length), 0, prompt_len - 1, length - 1,
+            self.new_cache(batch, length), self.rope_tables(length), 0, prompt_len - 1, length - 1, False,
         )
 
 

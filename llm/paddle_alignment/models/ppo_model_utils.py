@@ -1,12 +1,15 @@
 """The RL losses computed from model outputs, shared by the plain models (ppo_trainer.py) and the
-pipeline-parallel wrappers (model_pp.py), so both train on exactly the same objective; and `lm_head_at`, which
-has a causal LM's head project only the positions whose logits are used."""
+pipeline-parallel wrappers (model_pp.py), so both train on exactly the same objective; `lm_head_at`, which
+has a causal LM's head project only the positions whose logits are used; and `response_token_stats`, the
+response tokens' log-probs and entropies taken chunk by chunk from the hidden states (models/head_logprobs.py)."""
 
 import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
 import paddle
+from paddlenlp.transformers.llama.modeling import LlamaLMHead
+from paddlenlp.transformers.qwen2.modeling import Qwen2LMHead
 
 from paddle_alignment.algos import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from paddle_alignment.algos.losses import clipped_value_loss
@@ -14,6 +17,10 @@ from paddle_alignment.algos.masked import masked_mean
 from paddle_alignment.algos.registry import call_with_options
 from paddle_alignment.algos.token_stats import position_ids_from_mask
 from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
+from paddle_alignment.models.head_logprobs import DEFAULT_CHUNK_TOKENS, head_token_stats
+
+# paddlenlp's LM heads, whose logits are hidden_states @ weight (transpose_y: the tied [V, H] embedding).
+HEAD_CLASSES = (Qwen2LMHead, LlamaLMHead)
 
 
 @dataclass(frozen=True)
@@ -47,11 +54,15 @@ class PolicyObjective:
         return token_logprobs_and_entropy(logits, labels, self.temperature)[0]
 
     def __call__(self, logits, labels, old_logprobs, ref_logprobs, advantages, response_mask, scale=None):
-        """`logits` [B, R, V] predict the response tokens `labels` [B, R];
-        `old_logprobs` None means on-policy (the detached current log-probs); `scale` (a LossScale) makes
-        the loss this micro-batch's share of the optimizer step's (None: the micro-batch alone).
-        Returns (loss, stats)."""
+        """`logits` [B, R, V] predict the response tokens `labels` [B, R]; see `loss`."""
         logprobs, token_entropy = token_logprobs_and_entropy(logits, labels, self.temperature)
+        return self.loss(logprobs, token_entropy, old_logprobs, ref_logprobs, advantages, response_mask, scale)
+
+    def loss(self, logprobs, token_entropy, old_logprobs, ref_logprobs, advantages, response_mask, scale=None):
+        """The objective from the current log-probs and entropies of the response tokens [B, R] (see
+        `response_token_stats`); `old_logprobs` None means on-policy (the detached current log-probs); `scale`
+        (a LossScale) makes the loss this micro-batch's share of the optimizer step's (None: the micro-batch
+        alone). Returns (loss, stats)."""
         old_logprobs = logprobs.detach() if old_logprobs is None else old_logprobs
         token_loss, stats = call_with_options(
             self.policy_loss_fn, logprobs, old_logprobs, advantages, response_mask, self.clip_low, self.clip_high,
@@ -145,3 +156,43 @@ def response_logits(model, exp):
 
 def response_labels(exp):
     return exp.input_ids[:, exp.prompt_len :]
+
+
+def chunkable_lm_head(model):
+    """The LM head of `model` when its log-probs can be taken chunk by chunk from the hidden states (a plain
+    head whose whole weight is on this rank), else None."""
+    head = lm_head_layer(model)
+    if type(head) not in HEAD_CLASSES:  # None, or a head with adapters: its logits are not hidden @ weight
+        return None
+    if head.weight.is_distributed or (hasattr(head.weight, "is_dist") and head.weight.is_dist()):
+        return None
+    return head
+
+
+@contextlib.contextmanager
+def lm_head_skipped(head, positions):
+    """Within, `head` returns its input hidden_states[:, positions] in place of logits."""
+    head.forward = lambda hidden_states, *args, **kwargs: take_positions(hidden_states, positions)
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def response_token_stats(model, exp, temperature=1.0, chunk_tokens=DEFAULT_CHUNK_TOKENS):
+    """(log-probs, entropies) [B, R] of the response tokens under softmax(logits / temperature), with gradients
+    when grad is enabled. Where the model's LM head allows (chunkable_lm_head), the head projects only the
+    response positions and `chunk_tokens` of them at a time (models/head_logprobs.py): memory does not grow
+    with the vocabulary times the batch. Otherwise from the whole response logits."""
+    labels = response_labels(exp)
+    head = chunkable_lm_head(model)
+    if head is None:
+        return token_logprobs_and_entropy(response_logits(model, exp), labels, temperature)
+    with lm_head_skipped(head, slice(exp.prompt_len - 1, -1)):
+        hidden = model(
+            input_ids=exp.input_ids,
+            attention_mask=exp.attention_mask,
+            position_ids=position_ids_from_mask(exp.attention_mask),
+            return_dict=True,
+        ).logits
+    return head_token_stats(hidden, head.weight, getattr(head, "transpose_y", False), labels, temperature, chunk_tokens)

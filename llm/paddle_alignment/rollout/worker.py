@@ -15,10 +15,11 @@ import paddle
 from paddlenlp.utils.log import logger
 
 from paddle_alignment.experience import Experience
-from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
+from paddle_alignment.micro_batches import MicroBatching
+from paddle_alignment.models.head_logprobs import head_token_stats
 from paddle_alignment.models.lora_utils import adapters_disabled
 from paddle_alignment.models.native_forward import NativeDecoder
-from paddle_alignment.models.ppo_model_utils import response_labels, response_logits
+from paddle_alignment.models.ppo_model_utils import response_labels, response_token_stats
 from paddle_alignment.models.tensor_parallel import whole
 from paddle_alignment.offload import OffloadPlan
 from paddle_alignment.rollout import weights
@@ -109,22 +110,22 @@ class RolloutWorker:
 
     @paddle.no_grad()
     def compute_logprobs(self, model, exp):
-        """Log-probs of the response tokens under `model` at the sampling temperature, in micro-batches of
-        per_device_logprob_batch_size: [B, R]. A float32 CPU Qwen2/Llama runs the native no-gradient forward
-        (weights gathered once per call)."""
-        size = self.args.per_device_logprob_batch_size
-        chunks = []
+        """Log-probs of the response tokens under `model` at the sampling temperature: [B, R], in micro-batches
+        of per_device_logprob_batch_size rows' tokens (micro_batches.py), the LM head applied logprob_chunk_tokens
+        positions at a time. A float32 CPU Qwen2/Llama runs the native no-gradient forward (weights gathered
+        once per call)."""
+        chunk_tokens, temperature = self.args.logprob_chunk_tokens, self.sampling.temperature
         native = NativeDecoder.for_model(model)  # None: the model's own forward (said once why)
-        for start in range(0, len(exp), size):
-            micro = exp.select(start, start + size)
+
+        def logprobs_of(micro):
             with self.autocast():
                 if native is None:
-                    logits = response_logits(model, micro)
-                else:
-                    logits = native.response_logits(micro.input_ids, micro.attention_mask, micro.prompt_len)
-            logprobs = token_logprobs_and_entropy(logits, response_labels(micro), self.sampling.temperature)[0]
-            chunks.append(whole(logprobs))
-        return paddle.concat(chunks, axis=0)
+                    return whole(response_token_stats(model, micro, temperature, chunk_tokens)[0])
+                hidden = native.response_hidden(micro.input_ids, micro.attention_mask, micro.prompt_len)
+                head = native.lm_head
+                return head_token_stats(hidden, head.weight, head.transpose, response_labels(micro), temperature, chunk_tokens)[0]
+
+        return MicroBatching.from_args(self.args, self.args.per_device_logprob_batch_size).run(exp, logprobs_of)
 
     def compute_reference_logprobs(self, exp):
         """The reference model's log-probs; for a LoRA policy without a separate reference, the policy's own

@@ -116,6 +116,25 @@ def test_token_mean_with_gradient_accumulation_equals_one_micro_batch(tiny_world
         np.testing.assert_allclose(weights_two[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batches_by_token_budget_train_as_the_fixed_split(tiny_world, tmp_path, monkeypatch, loss_agg_mode):
+    """The update's rows ordered by length into micro-batches of at most 60 padded tokens, each cut to its
+    rows' width, give the step that micro-batches of 16 rows padded to the batch's width give (and the
+    reference log-probs are taken the same two ways)."""
+    monkeypatch.syspath_prepend(os.path.join(REPO_ROOT, "tests", "probes"))
+    common = dict(per_device_train_batch_size=16, loss_agg_mode=loss_agg_mode, kl_loss_coeff=0.1)
+    _, fixed, weights_fixed = fixed_step_metrics(tiny_world, tmp_path / "fixed", use_dynamic_batch_size="false", **common)
+    _, dynamic, weights_dynamic = fixed_step_metrics(
+        tiny_world, tmp_path / "dynamic", use_dynamic_batch_size="true", max_token_len_per_device=60, **common
+    )
+    assert dynamic["update_padding_ratio"] <= fixed["update_padding_ratio"]
+    assert dynamic["grad_norm"] == pytest.approx(fixed["grad_norm"], rel=1e-5)
+    assert dynamic["loss/policy_avg"] == pytest.approx(fixed["loss/policy_avg"], rel=1e-5, abs=1e-7)
+    assert dynamic["kl"] == pytest.approx(fixed["kl"], rel=1e-4, abs=1e-7)
+    for name, value in weights_fixed.items():
+        np.testing.assert_allclose(weights_dynamic[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 # ---- GSPO aggregates per sequence --------------------------------------------------------------------
 
 

@@ -17,8 +17,9 @@ from helpers import REPO_ROOT, built_paddlenlp_ops
 from paddle_alignment.algos.token_stats import gather_logprobs, position_ids_from_mask, tempered_logits
 from paddle_alignment.experience import Experience
 from paddle_alignment.models import native_forward
-from paddle_alignment.models.fused_kernels import FUSED_OPS, token_logprobs_and_entropy
+from paddle_alignment.models.fused_kernels import FUSED_OPS
 from paddle_alignment.models.fused_kernels import SWITCH as FUSED_SWITCH
+from paddle_alignment.models.head_logprobs import head_logits, head_token_stats
 from paddle_alignment.models.native_forward import NATIVE_OPS, NativeDecoder
 from paddle_alignment.models.native_forward import SWITCH as NATIVE_SWITCH
 from paddle_alignment.models.static_cache_decoder import StaticCacheDecoder
@@ -61,7 +62,7 @@ MODELS = [("qwen2", False), ("qwen2", True), ("llama", False), ("llama", True)]
 
 
 @pytest.mark.parametrize("architecture, tied", MODELS)
-def test_response_logits_and_logprobs_match_paddlenlp(ops, architecture, tied):
+def test_response_hidden_states_and_logprobs_match_paddlenlp(ops, architecture, tied):
     model = tiny_model(architecture, tied)
     prompt_len = 5
     input_ids, mask = padded_batch([5, 2, 3, 1], prompt_len, [6, 3, 1, 6], 6)
@@ -71,10 +72,12 @@ def test_response_logits_and_logprobs_match_paddlenlp(ops, architecture, tied):
         native = NativeDecoder.for_model(model)
         assert native is not None and native.has_qkv_bias == (architecture == "qwen2")
         assert native.transpose_lm_head == tied
-        logits = native.response_logits(input_ids, mask, prompt_len)
+        hidden = native.response_hidden(input_ids, mask, prompt_len)
+        logits = head_logits(hidden, native.lm_head.weight, native.lm_head.transpose)
+        labels, temperature = input_ids[:, prompt_len:], 0.7
+        # 24 response positions, 5 at a time through the head
+        logprobs, _ = head_token_stats(hidden, native.lm_head.weight, native.lm_head.transpose, labels, temperature, 5)
     np.testing.assert_allclose(logits.numpy(), expected.numpy(), **TOLERANCE)
-    labels, temperature = input_ids[:, prompt_len:], 0.7
-    logprobs, _ = token_logprobs_and_entropy(logits, labels, temperature)
     np.testing.assert_allclose(logprobs.numpy(), gather_logprobs(tempered_logits(expected, temperature), labels).numpy(), **TOLERANCE)
 
 
@@ -128,9 +131,10 @@ def test_trainer_logprobs_match_the_eager_pass(ops, monkeypatch):
     input_ids, mask = padded_batch([5, 2, 3], 5, [4, 2, 1], 4)
     response_mask = mask[:, 5:].astype("float32")
     exp = Experience(input_ids, mask, response_mask, paddle.arange(3), paddle.ones([3], "bool"), [""] * 3, [""] * 3, [""] * 3)
-    # Two micro-batches of 2 and 1 rows, at temperature 0.7.
+    # Two micro-batches of 2 and 1 rows, at temperature 0.7, the head applied to 3 positions at a time.
     args = SimpleNamespace(per_device_logprob_batch_size=2, max_dec_len=4, min_dec_len=0, temperature=0.7, top_p=1.0,
-                           repetition_penalty=1.0, top_k=0)
+                           repetition_penalty=1.0, top_k=0, logprob_chunk_tokens=3,
+                           use_dynamic_batch_size=True, max_token_len_per_device=-1)
     worker = RolloutWorker(args, model, tokenizer=None, reward_scorer=None)
     assert NativeDecoder.for_model(model) is not None
     native = worker.compute_logprobs(model, exp)

@@ -1,6 +1,8 @@
 """The trainer's `response_logits`, whose LM head projects only the response positions (a pre-hook on the
 head), against the full logits sliced afterwards: values and gradients, for paddlenlp's Qwen2 (tied and untied
-head) and Llama, a LoRA-wrapped actor, and a model without a separate head."""
+head) and Llama, a LoRA-wrapped actor, and a model without a separate head. And `response_token_stats`, the
+log-probs and entropies taken a chunk of tokens at a time from the hidden states, against those of the whole
+logits, at the tiny vocabulary and at Qwen2.5's 151,936 entries."""
 
 from types import SimpleNamespace
 
@@ -10,9 +12,9 @@ import pytest
 from paddlenlp.peft import LoRAConfig, LoRAModel
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from llm.alignment.ppo.ppo_trainer import response_logits
-from paddle_alignment.algos.token_stats import position_ids_from_mask
-from paddle_alignment.models.ppo_model_utils import lm_head_layer
+from paddle_alignment.algos.token_stats import entropy_from_logits, gather_logprobs, position_ids_from_mask, tempered_logits
+from paddle_alignment.models.head_logprobs import head_token_stats
+from paddle_alignment.models.ppo_model_utils import chunkable_lm_head, lm_head_layer, response_logits, response_token_stats
 
 PROMPT_LEN, RESPONSE_LEN, VOCAB = 5, 4, 67
 
@@ -96,3 +98,80 @@ def test_response_logits_match_the_full_logits_sliced(name):
     plain = model(input_ids=exp.input_ids, attention_mask=exp.attention_mask,
                   position_ids=position_ids_from_mask(exp.attention_mask), return_dict=True).logits
     assert plain.shape[1] == PROMPT_LEN + RESPONSE_LEN
+
+
+def whole_logits_stats(model, exp, temperature):
+    """Log-probs and entropies of the response tokens from the full logits, with Paddle's own ops."""
+    tempered = tempered_logits(full_logits_sliced(model, exp), temperature)
+    labels = exp.input_ids[:, exp.prompt_len :]
+    return gather_logprobs(tempered, labels), entropy_from_logits(tempered)
+
+
+def stats_and_grads(function, model, exp, weights):
+    model.clear_gradients()
+    logprobs, entropy = function(model, exp)
+    ((logprobs * weights[0]).sum() + (entropy * weights[1]).sum()).backward()
+    return [logprobs.numpy(), entropy.numpy()], {n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same_stats_and_grads(model, exp, chunk_tokens, temperature=0.7, reference=whole_logits_stats):
+    rows, length = exp.input_ids.shape[0], exp.input_ids.shape[1] - exp.prompt_len
+    weights = [paddle.randn([rows, length]), paddle.randn([rows, length])]
+    chunked = stats_and_grads(lambda m, e: response_token_stats(m, e, temperature, chunk_tokens), model, exp, weights)
+    whole = stats_and_grads(lambda m, e: reference(m, e, temperature), model, exp, weights)
+    for got, expected in zip(chunked[0], whole[0]):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert chunked[1].keys() == whole[1].keys()
+    for key, grad in chunked[1].items():
+        np.testing.assert_allclose(grad, whole[1][key], rtol=1e-5, atol=1e-5 * max(1.0, np.abs(grad).max()), err_msg=key)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_chunked_logprobs_and_entropies_match_the_whole_logits(name):
+    # 3 x 4 response tokens, 5 at a time: chunks that cut rows (the LoRA actor's adapters are on q and v; a
+    # model without a separate head takes the whole logits).
+    model = MODELS[name]()
+    assert (chunkable_lm_head(model) is None) == (name == "no-separate-head")
+    exp = experience()
+    assert_same_stats_and_grads(model, exp, chunk_tokens=5)
+    # The head is itself again afterwards.
+    assert full_logits_sliced(model, exp).shape[-1] == VOCAB
+
+
+def test_chunked_logprobs_at_the_real_vocabulary():
+    """Qwen2.5's 151,936-entry vocabulary (a narrow 2-layer model), 2 x 40 response tokens 16 at a time against
+    one pass over the whole logits with the same kernels, at temperature 0.7 and 1.0, tied and untied head.
+    (Paddle's unfused ops sum a near-uniform entropy over 151,936 terms to only 2e-5 relative, and take
+    minutes over these logits on the CPU.)"""
+    rng = np.random.default_rng(3)
+    for tied, temperature in ((True, 0.7), (False, 1.0)):
+        paddle.seed(0)
+        model = Qwen2ForCausalLM(Qwen2Config(
+            vocab_size=151936, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=tied, dtype="float32",
+        ))
+        ids = paddle.to_tensor(rng.integers(0, 151936, size=(2, 46)))
+        exp = SimpleNamespace(input_ids=ids, attention_mask=paddle.ones([2, 46], dtype="int64"), prompt_len=6)
+        unchunked = lambda m, e, t: response_token_stats(m, e, t, chunk_tokens=0)  # noqa: E731
+        assert_same_stats_and_grads(model, exp, chunk_tokens=16, temperature=temperature, reference=unchunked)
+
+
+@pytest.mark.parametrize("transpose", [True, False])
+def test_chunked_head_stats_with_ignored_labels_at_the_real_vocabulary(transpose):
+    """head_token_stats itself: 3 x 50 positions 16 at a time against one whole pass, labels -100 included
+    (log-prob 0, as F.cross_entropy's ignore index), gradients of the hidden states and the head."""
+    rng = np.random.default_rng(4)
+    hidden = rng.normal(size=(3, 50, 24)).astype("float32")
+    weight = (rng.normal(size=(151936, 24) if transpose else (24, 151936)) * 0.3).astype("float32")
+    labels = rng.integers(0, 151936, size=(3, 50))
+    labels[0, 7] = labels[2, 49] = -100
+    seeds = [paddle.to_tensor(rng.normal(size=(3, 50)).astype("float32")) for _ in range(2)]
+    results = []
+    for chunk_tokens in (16, 0):
+        h, w = paddle.to_tensor(hidden, stop_gradient=False), paddle.to_tensor(weight, stop_gradient=False)
+        logprobs, entropy = head_token_stats(h, w, transpose, paddle.to_tensor(labels), 0.8, chunk_tokens)
+        ((logprobs * seeds[0]).sum() + (entropy * seeds[1]).sum()).backward()
+        results.append([logprobs.numpy(), entropy.numpy(), h.grad.numpy(), w.grad.numpy()])
+    assert results[0][0][0, 7] == 0 and results[0][0][2, 49] == 0
+    for got, expected in zip(*results):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(expected).max()))

@@ -1,0 +1,88 @@
+"""Micro-batches formed by a token budget rather than a row count, each cut to the width its own rows need.
+
+GRPO responses of one batch range from tens to thousands of tokens, and a micro-batch of a fixed number
+of rows in rollout order pads every row to the longest of the whole batch. Here the rows of one optimizer
+step are ordered by length, consecutive rows share a micro-batch while rows x (longest prompt + longest
+response among them) stays within the budget, and each micro-batch drops the padding columns none of
+its rows uses (`Experience.trimmed`): the passes compute on close to the real tokens only (verl's dynamic
+batch size, OpenRLHF's packing by a token budget, without packing several sequences into one row).
+
+What is computed does not change: positions come from the attention mask, padding is masked, and every
+loss aggregation divides by the whole step's token or sequence count (LossScale), whatever its split.
+"""
+
+import numpy as np
+import paddle
+
+
+def real_lengths(exp):
+    """(prompt lengths, response lengths) of each row [B] as numpy int arrays."""
+    prompt = exp.attention_mask[:, : exp.prompt_len].astype("int64").sum(axis=1).numpy()
+    response = exp.response_mask.astype("int64").sum(axis=1).numpy()
+    return prompt, response
+
+
+def padded_tokens(prompt, response, rows):
+    """Tokens a micro-batch of `rows` computes on once cut to its rows' width."""
+    return len(rows) * (int(prompt[rows].max()) + int(response[rows].max())) if len(rows) else 0
+
+
+def token_budget_batches(prompt, response, rows, budget, count=None):
+    """`rows` (indices) in micro-batches of at most `budget` padded tokens each (a row longer than the budget
+    alone), consecutive in order of (response, prompt) length; `count`: split the largest micro-batches in
+    halves until there are that many (data-parallel ranks must take the same number of backward passes)."""
+    order = sorted(rows, key=lambda row: (response[row], prompt[row], row))
+    batches, current = [], []
+    for row in order:
+        if current and padded_tokens(prompt, response, np.array(current + [row])) > budget:
+            batches.append(current)
+            current = []
+        current.append(row)
+    if current:
+        batches.append(current)
+    if count is not None:
+        if count > len(rows):
+            raise ValueError(f"{len(rows)} rows cannot form {count} micro-batches")
+        while len(batches) < count:
+            largest = max(range(len(batches)), key=lambda i: (len(batches[i]) > 1, padded_tokens(prompt, response, np.array(batches[i]))))
+            half = len(batches[largest]) // 2
+            batches[largest : largest + 1] = [batches[largest][:half], batches[largest][half:]]
+    return batches
+
+
+
+class MicroBatching:
+    """How a pass splits rows into micro-batches: by a token budget, each micro-batch trimmed to its rows'
+    width (`dynamic`, the default), or `rows_per_batch` rows at a time in rollout order, padded to the whole
+    batch's width. The budget is `max_tokens`, or (<= 0) `rows_per_batch` x the batch's longest prompt plus
+    longest response: never more padded tokens in a micro-batch than the fixed split would have."""
+
+    def __init__(self, rows_per_batch, dynamic=True, max_tokens=-1):
+        self.rows_per_batch, self.dynamic, self.max_tokens = rows_per_batch, dynamic, max_tokens
+
+    @classmethod
+    def from_args(cls, args, rows_per_batch):
+        return cls(rows_per_batch, args.use_dynamic_batch_size, args.max_token_len_per_device)
+
+    def split(self, exp, rows, count=None):
+        """Lists of the indices `rows` of `exp`, one per micro-batch (see token_budget_batches for `count`)."""
+        rows = list(rows)
+        if not self.dynamic:
+            return [rows[i : i + self.rows_per_batch] for i in range(0, len(rows), self.rows_per_batch)]
+        prompt, response = real_lengths(exp)
+        budget = self.max_tokens if self.max_tokens > 0 else self.rows_per_batch * int(prompt.max() + response.max())
+        return token_budget_batches(prompt, response, rows, budget, count)
+
+    def micro_batch(self, exp, rows):
+        return exp.take(rows).trimmed() if self.dynamic else exp.take(rows)
+
+    def run(self, exp, pass_fn):
+        """`pass_fn(micro)` -> [b, r] per-token values of each micro-batch of all of `exp`'s rows, put back
+        together as [B, R] in `exp`'s row order, zero where a micro-batch was narrower."""
+        width = exp.response_mask.shape[1]
+        parts, order = [], []
+        for rows in self.split(exp, range(len(exp))):
+            values = pass_fn(self.micro_batch(exp, rows))
+            parts.append(paddle.nn.functional.pad(values, [0, width - values.shape[1]], data_format="NL"))
+            order += rows
+        return paddle.gather(paddle.concat(parts), paddle.to_tensor(np.argsort(order), dtype="int64"))

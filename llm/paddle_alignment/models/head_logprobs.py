@@ -1,0 +1,84 @@
+"""Log-probs and entropies of the response tokens straight from the last hidden states and the LM head, a
+chunk of tokens at a time, forward and backward.
+
+With Qwen2.5's 151,936-entry vocabulary the logits of one micro-batch of 4 x 2,048 response tokens are 5 GB
+in float32, and the log-softmax, its gradient and the casts around it hold several such copies: the memory
+of an RL step would grow with the vocabulary times the batch. Here the LM head projects `chunk_tokens`
+positions at a time, each chunk's log-probs and entropies are taken from its logits (`token_logprobs_and_entropy`,
+fused on the CPU) and the logits are dropped; the backward projects each chunk again and takes its
+gradients from it. At most one chunk's [chunk_tokens, V] float32 logits (and their gradient) are alive, and
+the results equal the whole-logits computation (same formulas, same order within a token).
+
+The gradient of the head's weight is summed over the chunks, so the head's [V, H] gradient exists once plus
+one chunk's share while it is added; the hidden states' gradient comes chunk by chunk. Paddle cannot take
+`paddle.grad` through this layer (a backward inside a backward): `loss.backward()` only, as the trainer does.
+"""
+
+import paddle
+from paddle.autograd import PyLayer
+
+from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
+
+DEFAULT_CHUNK_TOKENS = 1024
+
+
+def head_logits(hidden, weight, transpose):
+    """hidden [N, H] through the head: weight [H, V], or [V, H] with `transpose` (tied to the embedding)."""
+    if weight.dtype != hidden.dtype:  # autocast runs the head in the activations' precision
+        weight = weight.astype(hidden.dtype)
+    return paddle.matmul(hidden, weight, transpose_y=transpose)
+
+
+def chunk_bounds(tokens, chunk_tokens):
+    return [(start, min(start + chunk_tokens, tokens)) for start in range(0, tokens, chunk_tokens)]
+
+
+class ChunkedHeadStats(PyLayer):
+    """(log-probs [N], entropies [N]) of labels [N] under softmax(hidden [N, H] @ head / temperature), one
+    chunk of positions at a time (see the module's docstring)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, transpose, temperature, chunk_tokens):
+        ctx.save_for_backward(hidden, weight, labels)
+        ctx.options = (transpose, temperature, chunk_tokens)
+        logprobs, entropies = [], []
+        with paddle.no_grad():
+            for start, end in chunk_bounds(hidden.shape[0], chunk_tokens):
+                logits = head_logits(hidden[start:end], weight, transpose)
+                chunk_logprobs, chunk_entropy = token_logprobs_and_entropy(logits, labels[start:end], temperature)
+                logprobs.append(chunk_logprobs)
+                entropies.append(chunk_entropy)
+        return paddle.concat(logprobs), paddle.concat(entropies)
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_entropy):
+        hidden, weight, labels = ctx.saved_tensor()
+        transpose, temperature, chunk_tokens = ctx.options
+        # Detached leaves: each chunk's backward leaves its gradient in chunk.grad and adds its share to head.grad.
+        head = weight.detach()
+        head.stop_gradient = weight.stop_gradient
+        grad_hidden = []
+        for start, end in chunk_bounds(hidden.shape[0], chunk_tokens):
+            chunk = hidden[start:end].detach()
+            chunk.stop_gradient = False
+            with paddle.enable_grad():
+                outputs = token_logprobs_and_entropy(head_logits(chunk, head, transpose), labels[start:end], temperature)
+            seeds = [(out, grad[start:end]) for out, grad in zip(outputs, (grad_logprobs, grad_entropy)) if grad is not None]
+            paddle.autograd.backward([out for out, _ in seeds], [grad for _, grad in seeds])
+            grad_hidden.append(chunk.grad)
+        return paddle.concat(grad_hidden), None if weight.stop_gradient else head.grad
+
+
+def head_token_stats(hidden, weight, transpose, labels, temperature=1.0, chunk_tokens=DEFAULT_CHUNK_TOKENS):
+    """log p(labels) and the entropy of softmax(hidden @ head / temperature), float32: hidden [B, R, H],
+    labels [B, R] -> ([B, R], [B, R]). `weight`/`transpose` as head_logits. Up to `chunk_tokens` positions
+    (0: all) take one whole-logits pass; more go chunk by chunk (ChunkedHeadStats)."""
+    batch, length, width = hidden.shape
+    tokens = batch * length
+    if chunk_tokens <= 0 or tokens <= chunk_tokens:
+        return token_logprobs_and_entropy(head_logits(hidden, weight, transpose), labels, temperature)
+    flat_labels = labels.reshape([tokens]).astype("int64")
+    logprobs, entropy = ChunkedHeadStats.apply(
+        hidden.reshape([tokens, width]), weight, flat_labels, transpose, float(temperature), int(chunk_tokens)
+    )
+    return logprobs.reshape([batch, length]), entropy.reshape([batch, length])

@@ -5,6 +5,7 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import paddle
@@ -12,72 +13,13 @@ import pytest
 
 from helpers import REPO_ROOT, built_paddlenlp_ops, required
 
-MASK64 = (1 << 64) - 1
+sys.path.insert(0, os.path.join(REPO_ROOT, "csrc"))
+from rollout_reference import reference_keep_mask, reference_penalty, reference_sample  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def ops():
     return built_paddlenlp_ops()
-
-
-# ---- NumPy references ------------------------------------------------------------------------------
-
-
-def mix64(x):
-    x = (x + 0x9E3779B97F4A7C15) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return x ^ (x >> 31)
-
-
-def uniform01(seed, row, step):
-    bits = mix64(mix64(mix64(seed) ^ row) ^ step)
-    return (bits >> 11) * (1.0 / 9007199254740992.0)
-
-
-def reference_penalty(logits, history, step_idx, repetition, frequency, presence, min_len, eos_ids, banned):
-    out = logits.copy()
-    for b in range(out.shape[0]):
-        tokens, counts = np.unique(history[b, : step_idx[b]], return_counts=True)
-        for token, count in zip(tokens, counts):
-            value = out[b, token]
-            value = value / repetition[b] if value > 0 else value * repetition[b]
-            out[b, token] = value - count * frequency[b] - presence[b]
-        if step_idx[b] < min_len[b]:
-            out[b, eos_ids] = -np.inf
-        out[b, banned] = -np.inf
-    return out
-
-
-def reference_keep_mask(logits_row, temperature, top_k, top_p):
-    """The tokens kept by top-k then top-p (ties at the boundary kept), and their probabilities."""
-    scaled = logits_row.astype(np.float32) / np.float32(temperature)
-    probs = np.exp(scaled - scaled.max()).astype(np.float32)
-    ordered = np.sort(probs)[::-1]
-    threshold = ordered[top_k - 1] if 0 < top_k < len(probs) else 0.0
-    if top_p < 1.0:
-        kept = ordered[ordered >= threshold].astype(np.float64)
-        cumulative = np.cumsum(kept)  # sequential sums, as the kernels add
-        crossing = np.searchsorted(cumulative, np.float32(top_p) * cumulative[-1])
-        if crossing < len(kept):
-            threshold = max(threshold, kept[crossing])
-    return (probs >= threshold) & (probs > 0), probs
-
-
-def reference_sample(logits, temperature, top_k, top_p, step_idx, seed, row_ids=None):
-    row_ids = range(len(logits)) if row_ids is None else row_ids
-    tokens = []
-    for b, row in enumerate(logits):
-        if temperature[b] <= 0 or top_k[b] == 1:
-            tokens.append(int(np.argmax(row)))
-            continue
-        keep, probs = reference_keep_mask(row, temperature[b], top_k[b], top_p[b])
-        mass = np.where(keep, probs, 0.0).astype(np.float64)
-        cumulative = np.cumsum(mass)
-        target = uniform01(seed, int(row_ids[b]), int(step_idx[b])) * cumulative[-1]
-        above = np.nonzero((cumulative > target) & keep)[0]
-        tokens.append(int(above[0]) if len(above) else int(np.nonzero(keep)[0][-1]))
-    return np.array(tokens)
 
 
 def t(values, dtype):
@@ -248,3 +190,25 @@ def test_cuda_sources_compile_with_nvcc(source, tmp_path):
     command = ["nvcc", "-c", "-std=c++17", "-O2", "-arch=sm_90", source, "-o", str(tmp_path / "out.o")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_cuda_kernels_build_into_a_library_with_every_launcher(tmp_path):
+    """csrc/gpu/check_kernels.py's build and symbol lookup, which need nvcc but no GPU."""
+    if shutil.which("nvcc") is None:
+        required("nvcc", "nvcc is not installed")
+    sys.path.insert(0, os.path.join(REPO_ROOT, "csrc", "gpu"))
+    import check_kernels
+
+    functions = check_kernels.launchers(check_kernels.build_library(str(tmp_path), "sm_90"))
+    assert sorted(functions) == sorted(check_kernels.LAUNCHERS)
+
+
+def test_the_cuda_kernels_match_numpy_on_a_gpu():
+    """csrc/gpu/check_kernels.py itself: needs CuPy and a CUDA device, which CI and the project's CPU machine lack."""
+    cupy = pytest.importorskip("cupy")
+    if cupy.cuda.runtime.getDeviceCount() == 0:
+        pytest.skip("no CUDA device")
+    script = os.path.join(REPO_ROOT, "csrc", "gpu", "check_kernels.py")
+    result = subprocess.run([sys.executable, script, "--repeats", "5"], capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "kernels_checked=4"

@@ -47,11 +47,19 @@ optimizer step, and TRL's and the Trainer's bookkeeping), then completions_per_s
 
 Compare on an idle machine: with 2 torch threads the step took 3-5 s instead of 0.2 s while other
 processes kept the 2 cores busy (1 thread: 0.34-0.44 s); run the two benchmarks alternately.
+
+Real-size work (benchmarks/bench_real_size.py runs this script so): `--model DIR` a Hugging Face folder used
+as it is (a Qwen2.5-0.5B-shaped model from llm/tools/build_real_model.py), `--prompts FILE` a src/tgt jsonl
+of the prompts, `--num_prompts`, `--num_generations` and `--new_tokens` the work of one step,
+`--micro_batch` rows per forward with gradient (gradient accumulation over the rest, one optimizer step per
+generation, as TRL's steps_per_generation does), `--gradient_checkpointing`. The last lines also give the
+peak RSS since training began (the kernel's high-water mark reset then) and the whole process's.
 """
 
 import argparse
 import os
 import re
+import resource
 import sys
 import tempfile
 import time
@@ -71,7 +79,6 @@ from llm.tools.gen_arith import generate  # noqa: E402  (standard library only, 
 
 DEFAULT_TOKENIZER = os.path.join(REPO_ROOT, "tiny_demo", "models", "tokenizer")
 DEFAULT_MODEL_CONFIG = os.path.join(REPO_ROOT, "tiny_demo", "models", "tiny-qwen2")
-NUM_PROMPTS, NUM_GENERATIONS, NEW_TOKENS = 8, 8, 8
 _INTEGER = re.compile(r"-?\d{1,6}")
 
 
@@ -79,6 +86,7 @@ class Counters:
     """What the timed steps did: filled by the reward function, hooks and the callback."""
 
     def __init__(self):
+        self.new_tokens = None
         self.counting = False
         self.counts = defaultdict(int)
         self.step_ends = []
@@ -95,7 +103,7 @@ def arith_reward(completions, tgt, completion_ids, **kwargs):
     """The project's `arith` rule (llm/paddle_alignment/rewards/arith.py): 1.0 when the completion is exactly the
     expected integer (surrounding spaces allowed), else 0.0."""
     COUNTERS.add("completions", len(completions))
-    COUNTERS.add("completions_not_8_tokens", sum(len(ids) != NEW_TOKENS for ids in completion_ids))
+    COUNTERS.add("completions_of_other_lengths", sum(len(ids) != COUNTERS.new_tokens for ids in completion_ids))
     rewards = []
     for completion, target in zip(completions, tgt):
         answer = completion.strip()
@@ -104,6 +112,11 @@ def arith_reward(completions, tgt, completion_ids, **kwargs):
 
 
 class StepTimer(TrainerCallback):
+    def on_train_begin(self, args, state, control, **kwargs):
+        COUNTERS.step_ends.append(time.perf_counter())  # the start of the first step
+        with open("/proc/self/clear_refs", "w") as handle:  # the steps' peak RSS, not the loading's (Linux)
+            handle.write("5")
+
     def on_step_end(self, args, state, control, **kwargs):
         COUNTERS.step_ends.append(time.perf_counter())
 
@@ -148,7 +161,16 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    parser.add_argument("--model", default=None, help="a Hugging Face model folder to train as it is (default: a random model of --model_config's shape)")
+    parser.add_argument("--prompts", default=None, help="src/tgt jsonl of the prompts (default: the demo's arithmetic prompts)")
+    parser.add_argument("--num_prompts", type=int, default=8)
+    parser.add_argument("--num_generations", type=int, default=8)
+    parser.add_argument("--new_tokens", type=int, default=8, help="exactly this many new tokens per completion")
+    parser.add_argument("--micro_batch", type=int, default=None, help="rows per forward with gradient (default: all)")
+    parser.add_argument("--gradient_checkpointing", action="store_true")
     args = parser.parse_args()
+    if args.model is not None:
+        return run(args, args.model, args.prompts)
     if not os.path.isfile(os.path.join(args.tokenizer, "vocab.json")):
         sys.exit(f"no tokenizer in {args.tokenizer}: make it with the system Python (Paddle's) from the repository "
                  f"root: python -m llm.tools.build_tokenizer --output_dir {args.tokenizer}")
@@ -156,32 +178,47 @@ def main():
         sys.exit(f"no config.json in {args.model_config}: make the tiny model with the system Python (Paddle's): python -m "
                  f"llm.tools.build_tiny_model --tokenizer_dir {args.tokenizer} --output_dir {args.model_config}")
 
+    work = tempfile.mkdtemp(prefix="bench_trl_grpo_")
+    model_dir = os.path.join(work, "model")
+    build_model(args.model_config, AutoTokenizer.from_pretrained(args.tokenizer), model_dir)
+    run(args, model_dir, args.prompts, work)
+
+
+def run(args, model_dir, prompts, work=None):
+    """TRL's GRPO steps on the model folder `model_dir` and the src/tgt prompts (default: the demo's)."""
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
-    work = tempfile.mkdtemp(prefix="bench_trl_grpo_")
-    generate(os.path.join(work, "data"), num_sft=0)
-    dataset = load_dataset("json", data_files=os.path.join(work, "data", "rl", "train.jsonl"), split="train")
+    work = work or tempfile.mkdtemp(prefix="bench_trl_grpo_")
+    if prompts is None:
+        generate(os.path.join(work, "data"), num_sft=0)
+        prompts = os.path.join(work, "data", "rl", "train.jsonl")
+    dataset = load_dataset("json", data_files=prompts, split="train")
     dataset = dataset.rename_column("src", "prompt")  # used as written, as the project does (no chat template)
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    model_dir = os.path.join(work, "model")
-    n_params = build_model(args.model_config, tokenizer, model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    completions_per_step = args.num_prompts * args.num_generations
+    micro_batch = args.micro_batch or completions_per_step
+    if completions_per_step % micro_batch:
+        sys.exit(f"--micro_batch {micro_batch} must divide the {completions_per_step} completions of a step")
+    accumulate = completions_per_step // micro_batch
+    COUNTERS.new_tokens = args.new_tokens
 
     config = GRPOConfig(
         output_dir=os.path.join(work, "out"),
         use_cpu=True,
         bf16=False,  # TRL's default is True
         fp16=False,
-        gradient_checkpointing=False,  # TRL's default is True (a second forward in the backward); the project's is off
+        # TRL's default is True (a second forward in the backward); the project's recompute is off by default
+        gradient_checkpointing=args.gradient_checkpointing,
         seed=42,
         max_steps=args.warmup + args.steps,
-        # one step = one rollout of 8 prompts x 8 samples and one optimizer step over the 64 completions
-        per_device_train_batch_size=NUM_PROMPTS * NUM_GENERATIONS,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
-        num_generations=NUM_GENERATIONS,
+        # one step = one rollout of num_prompts x num_generations completions and one optimizer step over them
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=accumulate,
+        steps_per_generation=accumulate,
+        num_generations=args.num_generations,
         num_iterations=1,
-        max_completion_length=NEW_TOKENS,
-        generation_kwargs={"min_new_tokens": NEW_TOKENS},
+        max_completion_length=args.new_tokens,
+        generation_kwargs={"min_new_tokens": args.new_tokens},
         temperature=1.0,
         top_p=1.0,
         top_k=0,
@@ -207,7 +244,7 @@ def main():
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    assert config.generation_batch_size == NUM_PROMPTS * NUM_GENERATIONS and config.steps_per_generation == 1
+    assert config.generation_batch_size == completions_per_step
     trainer = GRPOTrainer(model=model_dir, reward_funcs=arith_reward, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[StepTimer()])
     assert trainer.ref_model is not None and trainer.beta == 0.04
@@ -231,31 +268,39 @@ def main():
             COUNTERS.counting = state.global_step >= args.warmup and state.global_step < args.warmup + args.steps
 
     trainer.add_callback(StartCounting())
+    COUNTERS.counting = args.warmup == 0
     trainer.train()
 
-    ends = COUNTERS.step_ends[args.warmup - 1:] if args.warmup else None
-    if not ends or len(ends) != args.steps + 1:
-        sys.exit(f"expected {args.warmup + args.steps} steps, saw {len(COUNTERS.step_ends)}")
+    ends = COUNTERS.step_ends[args.warmup :]
+    if len(ends) != args.steps + 1:
+        sys.exit(f"expected {args.warmup + args.steps} steps, saw {len(COUNTERS.step_ends) - 1}")
     elapsed = ends[-1] - ends[0]
     counts = COUNTERS.counts
-    expected = {"completions": 64 * args.steps, "completions_not_8_tokens": 0, "reference_rows": 64 * args.steps,
-                "optimizer_steps": args.steps, "policy_forwards_with_grad": args.steps}
+    expected = {"completions": completions_per_step * args.steps, "completions_of_other_lengths": 0,
+                "reference_rows": completions_per_step * args.steps, "optimizer_steps": args.steps,
+                "policy_forwards_with_grad": accumulate * args.steps}
     observed = {name: counts.get(name, 0) for name in expected}
     if observed != expected:
-        sys.exit(f"TRL did other work than one step of 64 completions per step: expected {expected}, saw {observed}")
+        sys.exit(f"TRL did other work than one step of {completions_per_step} completions per step: expected {expected}, saw {observed}")
     completions = counts["completions"]
     seconds["update+other"] = elapsed - seconds["rollout"] - seconds["reference"]
 
-    print(f"model: random tiny Qwen2 (demo's shape, {n_params} parameters, {next(trainer.model.parameters()).dtype})")
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    print(f"model: {model_dir} ({n_params} parameters, {next(trainer.model.parameters()).dtype})")
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, "
           f"torch threads {torch.get_num_threads()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}")
-    print(f"checked per step: 1 rollout of {completions // args.steps} completions x {NEW_TOKENS} tokens, "
+    print(f"checked per step: 1 rollout of {completions // args.steps} completions x {args.new_tokens} tokens, "
           f"{counts['reference_rows'] // args.steps} reference rows, {counts['optimizer_steps'] // args.steps} optimizer step, policy forwards "
           f"{counts['policy_forwards_with_grad'] // args.steps} with gradient + "
           f"{counts['policy_forwards_no_grad'] / args.steps:g} without (the rollout's prefill and decode steps)")
     print(f"{args.steps} steps of {completions // args.steps} completions in {elapsed:.2f}s ({elapsed / args.steps:.3f} s/step)")
     split = ", ".join(f"{name} {1000 * value / args.steps:.0f} ms" for name, value in seconds.items())
     print(f"per step: {split}")
+    with open("/proc/self/status") as handle:
+        high_water = next(int(line.split()[1]) for line in handle if line.startswith("VmHWM:"))
+    print(f"peak_rss_gb={high_water / 2**20:.2f}")  # since training began
+    print(f"process_peak_rss_gb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f}")
+    print(f"seconds_per_step={elapsed / args.steps:.1f}")
     print(f"completions_per_s={completions / elapsed:.1f}")
 
 

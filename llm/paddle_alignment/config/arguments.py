@@ -177,7 +177,7 @@ class BatchSizeArguments:
     )
     logprob_chunk_tokens: int = field(
         default=DEFAULT_CHUNK_TOKENS,
-        metadata={"help": "Response tokens whose logits exist at once in the log-prob and entropy passes, forward and backward: the LM head projects this many positions at a time, so memory does not grow with the vocabulary times the batch (Qwen2.5's 151,936 entries: 0.6 GB of float32 logits per 1,024 tokens). 0: the whole micro-batch at once."},
+        metadata={"help": "Response tokens whose logits exist at once in the log-prob and entropy passes, forward and backward: the LM head projects this many positions at a time, so memory does not grow with the vocabulary times the batch (Qwen2.5's 151,936 entries: 0.3 GB of float32 logits per 512 tokens, and as much again for their gradient). More tokens than this in a micro-batch cost one more product of the head in the backward (each chunk's logits are made again there). 0: the whole micro-batch at once."},
     )
     dataloader_shuffle: bool = field(default=True, metadata={"help": "Shuffle the prompts (each epoch anew, from the seed)."})
 

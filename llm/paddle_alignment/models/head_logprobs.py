@@ -19,7 +19,7 @@ from paddle.autograd import PyLayer
 
 from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
 
-DEFAULT_CHUNK_TOKENS = 1024
+DEFAULT_CHUNK_TOKENS = 512
 
 
 def head_logits(hidden, weight, transpose):

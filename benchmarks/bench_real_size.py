@@ -1,0 +1,294 @@
+"""GRPO at a real model's shape: one step's seconds per phase, peak RSS against the static footprint, the
+update's padded-versus-real tokens, and the decode loop against paddlenlp's generate() and the memory-
+bandwidth limit; with --trl_python, TRL's GRPOTrainer on the same model, work and machine in the same run.
+
+    python benchmarks/bench_real_size.py --work /tmp/real_size                      # 4 x 4, prompts 256, responses 512
+    python benchmarks/bench_real_size.py --work /tmp/real_size --prompts 2 --samples 2 --new_tokens 2048 --recompute
+    python benchmarks/bench_real_size.py --work /tmp/real_size --mode decode --new_tokens 64   # decode step, limits
+    ... --trl_python /path/to/venv/bin/python                                        # TRL's step beside ours
+
+The model is a random Qwen2.5-0.5B (llm/tools/build_real_model.py: hidden 896, 24 layers, vocabulary
+151,936, tied embeddings, 494M parameters; `--layers 2` cuts it to 166M), float32, written once under
+--work in Hugging Face's layout, which both trainers load. The prompts are --prompts texts of exactly
+--prompt_tokens tokens (numbers, so that their token count is exact), each sampled --samples times. A
+random model almost never samples EOS, so the responses are --new_tokens long; min_dec_len (TRL:
+min_new_tokens) makes that exact, so both do the same work. The step is config/tiny/grpo_argument.json's
+GRPO (token-mean, clip 0.2/0.28, k3 KL to a reference model with coefficient 0.04), one optimizer step
+over the batch in micro-batches of --micro_batch rows (TRL: per_device_train_batch_size, with
+steps_per_generation = gradient_accumulation_steps), the in-process `arith` rule reward, float32, and
+recompute (TRL: gradient_checkpointing) only with --recompute. Each trainer runs in its own process,
+so each peak RSS is its own; both time their first step (no warm-up: one real-size step takes minutes).
+
+The static footprint is what a step must hold whatever its batch: the policy's weights, gradients and
+AdamW's two moments (4 copies of its parameters) and the reference model's weights, in float32. Peak RSS
+is the step's own (the kernel's high-water mark reset when the step starts, in each trainer's process),
+so that loading a checkpoint does not count.
+Prints `key=value` lines; the last is ours_vs_trl=<ratio> with --trl_python.
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(BENCHMARKS)
+sys.path.insert(0, REPO_ROOT)
+sys.path.insert(0, BENCHMARKS)
+
+
+def peak_rss_gb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def reset_peak_rss():
+    """Start the kernel's peak-RSS count (VmHWM) afresh: the step's peak, not the loading's (Linux)."""
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+
+
+def step_peak_rss_gb():
+    """VmHWM since reset_peak_rss."""
+    with open("/proc/self/status") as handle:
+        line = next(line for line in handle if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 2**20
+
+
+def build_world(args):
+    """The model folder and the prompts file under --work (made once, in a subprocess: its memory is not ours)."""
+    model = os.path.join(args.work, f"qwen2.5-0.5b-{args.layers}l")
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        command = [sys.executable, os.path.join(REPO_ROOT, "llm", "tools", "build_real_model.py"), "--name", "qwen2.5-0.5b",
+                   "--num_layers", str(args.layers), "--dtype", "float32", "--output_dir", model]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    prompts = os.path.join(args.work, f"prompts-{args.prompts}x{args.prompt_tokens}.jsonl")
+    if not os.path.isfile(prompts):
+        from paddle_alignment.models.loading import pretrained_tokenizer
+
+        tokenizer = pretrained_tokenizer(model)
+        with open(prompts, "w") as out:
+            for i in range(args.prompts):
+                out.write(json.dumps({"src": numbers_prompt(tokenizer, args.prompt_tokens, seed=i), "tgt": "0"}) + "\n")
+    return model, prompts
+
+
+def numbers_prompt(tokenizer, tokens, seed):
+    """A text of exactly `tokens` tokens: numbers and spaces (Qwen's tokenizer gives each digit a token)."""
+    import random
+
+    rng = random.Random(seed)
+    text = "Add these numbers:"
+    while True:
+        longer = f"{text} {rng.randint(0, 9)}"
+        if len(tokenizer(longer, add_special_tokens=False)["input_ids"]) > tokens:
+            break
+        text = longer
+    while len(tokenizer(text, add_special_tokens=False)["input_ids"]) < tokens:
+        text += "."
+    if len(tokenizer(text, add_special_tokens=False)["input_ids"]) != tokens:
+        raise RuntimeError(f"could not write a prompt of exactly {tokens} tokens")
+    return text
+
+
+def run_ours(args, model, prompts):
+    """One GRPO step of run_ppo's trainer in this process; prints a JSON line of its figures."""
+    from bench_grpo import CONFIG, time_phases
+
+    from llm.alignment.ppo.run_ppo import build_trainer
+
+    completions = args.prompts * args.samples
+    trainer = build_trainer([
+        CONFIG,
+        "--actor_model_name_or_path", model,
+        "--train_datasets", prompts,
+        "--eval_datasets", "",
+        "--output_dir", os.path.join(args.work, "out"),
+        "--logging_dir", os.path.join(args.work, "vdl"),
+        "--use_rm_server", "false", "--use_rule_reward", "true", "--reward_task", "arith",
+        "--per_device_prompt_batch_size", str(args.prompts), "--rollout_n", str(args.samples),
+        "--max_prompt_len", str(args.prompt_tokens), "--max_dec_len", str(args.new_tokens),
+        "--min_dec_len", str(args.new_tokens), "--max_length", str(args.prompt_tokens + args.new_tokens),
+        "--per_device_train_batch_size", str(args.micro_batch),
+        "--gradient_accumulation_steps", str(completions // args.micro_batch),
+        "--kl_loss_coeff", "0.04", "--kl_estimator", "k3",
+        "--recompute", "true" if args.recompute else "false",
+        "--max_steps", "1", "--disable_tqdm", "true",
+    ])
+    trainer.prepare_training()
+    batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size)
+    trainer.rollout.start(trainer, 0)
+    phases, sampling = time_phases(trainer)
+    reset_peak_rss()
+    started = time.perf_counter()
+    try:
+        exp, metrics = trainer.advance(batches)
+    finally:
+        trainer.rollout.close()
+    seconds = time.perf_counter() - started
+    policy = sum(int(p.numel()) for p in trainer.model.parameters())
+    reference = sum(int(p.numel()) for p in trainer.rollout_worker.reference_model.parameters())
+    print(json.dumps({
+        "seconds": seconds, "phases": dict(phases), "sampling": sampling["sampling"], "peak_rss_gb": step_peak_rss_gb(),
+        "process_peak_rss_gb": peak_rss_gb(),
+        "static_gb": 4 * (4 * policy + reference) / 2**30, "parameters": policy,
+        "response_tokens": int(exp.response_mask.sum()), "update_padding_ratio": metrics["update_padding_ratio"],
+    }))
+
+
+def run_trl(args, model, prompts):
+    command = [args.trl_python, os.path.join(BENCHMARKS, "bench_trl_grpo.py"), "--model", model, "--prompts", prompts,
+               "--num_prompts", str(args.prompts), "--num_generations", str(args.samples), "--new_tokens", str(args.new_tokens),
+               "--micro_batch", str(args.micro_batch), "--steps", "1", "--warmup", "0", "--threads", str(os.cpu_count())]
+    if args.recompute:
+        command.append("--gradient_checkpointing")
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"TRL's run failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+    lines = result.stdout.strip().splitlines()
+    figures = dict(line.split("=", 1) for line in lines if "=" in line and " " not in line)
+    return lines, float(figures["seconds_per_step"]), float(figures["peak_rss_gb"])
+
+
+def step(args, model, prompts):
+    print(f"work: {args.prompts} prompts of {args.prompt_tokens} tokens x {args.samples} samples x exactly "
+          f"{args.new_tokens} new tokens, micro-batches of {args.micro_batch} rows, recompute {'on' if args.recompute else 'off'}")
+    command = [sys.executable, os.path.abspath(__file__), "--internal_ours", *sys.argv[1:]]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"our run failed:\n{result.stderr[-6000:]}")
+    ours = json.loads(result.stdout.strip().splitlines()[-1])
+    phases = ", ".join(f"{name} {value:.1f} s" for name, value in ours["phases"].items())
+    print(f"ours: {ours['seconds']:.1f} s for the step ({phases}; sampling {ours['sampling']:.1f} s of the rollout)")
+    print(f"ours: {ours['parameters'] / 1e6:.0f}M parameters, response tokens {ours['response_tokens']}, "
+          f"update computes on {ours['update_padding_ratio']:.3f} x the real tokens")
+    print(f"ours: peak RSS of the whole process (loading included) {ours['process_peak_rss_gb']:.2f} GB")
+    print(f"static_footprint_gb={ours['static_gb']:.2f}")
+    print(f"peak_rss_gb={ours['peak_rss_gb']:.2f}")
+    print(f"peak_over_static={ours['peak_rss_gb'] / ours['static_gb']:.2f}")
+    print(f"ours_seconds_per_step={ours['seconds']:.1f}")
+    if args.trl_python:
+        lines, trl_seconds, trl_peak = run_trl(args, model, prompts)
+        for line in lines:
+            if line.startswith(("model:", "torch ", "checked per step:", "per step:")):
+                print(f"trl: {line}")
+        print(f"trl_seconds_per_step={trl_seconds:.1f}")
+        print(f"trl_peak_rss_gb={trl_peak:.2f}")
+        print(f"ours_vs_trl={trl_seconds / ours['seconds']:.2f}")
+
+
+def read_bandwidth(np, threads=2):
+    """Bytes per second that `threads` threads read (numpy's sum releases the GIL): 2 GiB, best of 3."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    parts = [np.ones(2**28, dtype=np.float32) for _ in range(threads)]
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(np.sum, parts))
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            times.append(time.perf_counter() - started)
+    return sum(part.nbytes for part in parts) / min(times)
+
+
+def matmul_flops(paddle, rows, shapes):
+    """FLOP/s of the decode step's matrix products ([rows, k] @ [k, n] for each (k, n)), best of 3."""
+    pairs = [(paddle.randn([rows, k]), paddle.randn([k, n])) for k, n in shapes]
+    work = sum(2 * rows * k * n for k, n in shapes)
+    times = []
+    for _ in range(4):
+        started = time.perf_counter()
+        for a, b in pairs:
+            paddle.matmul(a, b)
+        times.append(time.perf_counter() - started)
+    return work / min(times[1:])
+
+
+def decode(args, model, prompts):
+    """The fast decode loop and paddlenlp's generate() on --prompts x --samples rows: the prefill, then
+    milliseconds per decode step (from a run of 1 new token and one of --new_tokens), beside the step's two
+    limits: one read of the weights at the memory bandwidth measured, and its arithmetic at the FLOP/s that
+    MKL reaches on the step's matrix shapes."""
+    import numpy as np
+    import paddle
+
+    from paddle_alignment.cpu_runtime import describe
+    from paddle_alignment.models.loading import pretrained_causal_lm, pretrained_tokenizer
+    from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
+
+    paddle.set_device("cpu")
+    print(describe())
+    tokenizer, policy = pretrained_tokenizer(model), pretrained_causal_lm(model, dtype="float32")
+    items = [json.loads(line) for line in open(prompts)]
+    items = [{"prompt": r["src"], "label": r["tgt"], "input_ids": tokenizer(r["src"])["input_ids"]} for r in items]
+    rows = len(items) * args.samples
+
+    def run_seconds(new_tokens, use_fast):
+        sampling = SamplingConfig(max_dec_len=new_tokens, min_dec_len=new_tokens)
+        started = time.perf_counter()
+        exp = generate_rollouts(policy, tokenizer, items, args.samples, sampling, use_fast=use_fast, seed=1)
+        assert int(exp.response_mask.sum()) == rows * new_tokens
+        return time.perf_counter() - started
+
+    def prefill_and_step(use_fast):
+        run_seconds(1, use_fast)  # warm-up
+        prefill = run_seconds(1, use_fast)
+        return prefill, (run_seconds(args.new_tokens, use_fast) - prefill) / (args.new_tokens - 1)
+
+    config = policy.config
+    weights = {id(p): p for p in policy.parameters()}
+    weight_bytes = sum(int(p.numel()) * 4 for p in weights.values())
+    qkv = (config.num_attention_heads + 2 * config.num_key_value_heads) * (config.hidden_size // config.num_attention_heads)
+    layer = [(config.hidden_size, qkv), (config.hidden_size, config.hidden_size),
+             (config.hidden_size, 2 * config.intermediate_size), (config.intermediate_size, config.hidden_size)]
+    shapes = layer * config.num_hidden_layers + [(config.hidden_size, config.vocab_size)]
+    bandwidth, flops = read_bandwidth(np), matmul_flops(paddle, rows, shapes)
+    step_flop = sum(2 * rows * k * n for k, n in shapes)
+    bandwidth_limit, arithmetic_limit = weight_bytes / bandwidth, step_flop / flops
+    fast_prefill, fast = prefill_and_step(True)
+    slow_prefill, slow = prefill_and_step(False)
+    print(f"{rows} rows, prompts of {args.prompt_tokens} tokens, {args.new_tokens} new tokens each")
+    print(f"weights read per decode step: {weight_bytes / 2**30:.2f} GiB; read bandwidth measured (2 threads): "
+          f"{bandwidth / 1e9:.1f} GB/s; the step's matrix products: {step_flop / 1e9:.1f} GFLOP at {flops / 1e9:.0f} GFLOP/s")
+    print(f"prefill: fast loop {fast_prefill:.1f} s, generate() {slow_prefill:.1f} s")
+    print(f"decode step: fast loop {1000 * fast:.0f} ms, generate() {1000 * slow:.0f} ms; bandwidth limit "
+          f"{1000 * bandwidth_limit:.0f} ms, arithmetic limit {1000 * arithmetic_limit:.0f} ms")
+    print(f"fast_tokens_per_s={rows / fast:.1f}")
+    print(f"generate_tokens_per_s={rows / slow:.1f}")
+    print(f"fast_over_arithmetic_limit={fast / arithmetic_limit:.2f}")
+    print(f"fast_over_bandwidth_limit={fast / bandwidth_limit:.2f}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", required=True, help="folder for the model, prompts and outputs (reused)")
+    parser.add_argument("--mode", choices=("step", "decode"), default="step")
+    parser.add_argument("--layers", type=int, default=24, help="Qwen2.5-0.5B's 24, or fewer")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--prompt_tokens", type=int, default=256)
+    parser.add_argument("--new_tokens", type=int, default=512)
+    parser.add_argument("--micro_batch", type=int, default=2, help="rows per forward with gradient")
+    parser.add_argument("--recompute", action="store_true", help="recompute (TRL: gradient checkpointing)")
+    parser.add_argument("--trl_python", default=None, help="a Python with torch, transformers and trl (see bench_trl_grpo.py)")
+    parser.add_argument("--internal_ours", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if (args.prompts * args.samples) % args.micro_batch:
+        parser.error(f"--micro_batch {args.micro_batch} must divide the {args.prompts * args.samples} responses")
+    os.makedirs(args.work, exist_ok=True)
+    from paddle_alignment.cpu_runtime import configure_cpu_runtime, describe
+
+    configure_cpu_runtime()  # before paddle loads
+    if args.internal_ours:
+        return run_ours(args, *build_world(args))
+    if args.mode == "step":
+        print(describe())
+    model, prompts = build_world(args)
+    (step if args.mode == "step" else decode)(args, model, prompts)
+
+
+if __name__ == "__main__":
+    main()

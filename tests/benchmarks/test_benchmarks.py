@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO_ROOT
 
 
@@ -38,3 +40,13 @@ def test_bench_rewards_prints_its_figures():
     last = run_script("benchmarks/bench_rewards.py")
     figures = dict(pair.split("=") for pair in last.split())
     assert float(figures["math_accuracy"]) >= 0.97 and float(figures["math_verify_accuracy"]) < float(figures["math_accuracy"])
+
+
+@pytest.mark.slow
+def test_bench_real_size_prints_its_figures(tmp_path):
+    # Qwen2.5-0.5B's vocabulary on one layer, a few tokens: the plumbing of both modes, not their figures.
+    sizes = ["--work", str(tmp_path), "--layers", "1", "--prompts", "1", "--samples", "2", "--prompt_tokens", "12"]
+    last = run_script("benchmarks/bench_real_size.py", *sizes, "--new_tokens", "4", "--micro_batch", "2")
+    assert last.startswith("ours_seconds_per_step=") and float(last.split("=")[1]) > 0
+    last = run_script("benchmarks/bench_real_size.py", *sizes, "--mode", "decode", "--new_tokens", "3")
+    assert last.startswith("fast_over_bandwidth_limit=") and float(last.split("=")[1]) > 0

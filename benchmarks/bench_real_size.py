@@ -80,15 +80,18 @@ def numbers_prompt(tokenizer, tokens, seed):
     import random
 
     rng = random.Random(seed)
-    text = "Add these numbers:"
-    while True:
-        longer = f"{text} {rng.randint(0, 9)}"
-        if len(tokenizer(longer, add_special_tokens=False)["input_ids"]) > tokens:
-            break
-        text = longer
-    while len(tokenizer(text, add_special_tokens=False)["input_ids"]) < tokens:
-        text += "."
-    if len(tokenizer(text, add_special_tokens=False)["input_ids"]) != tokens:
+
+    def count(text):
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    text = "Sum:"
+    while count(text) < tokens:
+        # The first piece that adds tokens without passing the count (BPE may merge a piece into the last token).
+        pieces = (f" {rng.randint(0, 9)}", str(rng.randint(0, 9)), ".", " ")
+        text = next((text + piece for piece in pieces if count(text) < count(text + piece) <= tokens), None)
+        if text is None:
+            raise RuntimeError(f"could not write a prompt of exactly {tokens} tokens")
+    if count(text) != tokens:
         raise RuntimeError(f"could not write a prompt of exactly {tokens} tokens")
     return text
 

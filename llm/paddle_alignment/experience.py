@@ -56,12 +56,18 @@ class Experience:
     # The fields with a response axis [B, R] (the rest are per row, or [B, P+R]).
     RESPONSE_FIELDS = ("response_mask", "old_logprobs", "ref_logprobs", "advantages", "values", "returns")
 
+    def real_lengths(self):
+        """(prompt lengths, response lengths) of each row [B], as numpy int arrays."""
+        prompt = self.attention_mask[:, : self.prompt_len].astype("int64").sum(axis=1).numpy()
+        response = self.response_mask.astype("int64").sum(axis=1).numpy()
+        return prompt, response
+
     def trimmed(self):
         """These rows without the padding columns none of them uses: prompt columns left of the longest prompt
         and response columns right of the longest response (micro_batches.py)."""
         prompt_len = self.prompt_len
-        prompt_width = int(self.attention_mask[:, :prompt_len].astype("int64").sum(axis=1).max())
-        response_width = max(1, int(self.response_mask.sum(axis=1).max()))
+        prompt, response = self.real_lengths()
+        prompt_width, response_width = int(prompt.max()), max(1, int(response.max()))
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         for name in ("input_ids", "attention_mask"):
             values[name] = values[name][:, prompt_len - prompt_width : prompt_len + response_width]

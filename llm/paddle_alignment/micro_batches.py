@@ -15,13 +15,6 @@ import numpy as np
 import paddle
 
 
-def real_lengths(exp):
-    """(prompt lengths, response lengths) of each row [B] as numpy int arrays."""
-    prompt = exp.attention_mask[:, : exp.prompt_len].astype("int64").sum(axis=1).numpy()
-    response = exp.response_mask.astype("int64").sum(axis=1).numpy()
-    return prompt, response
-
-
 def padded_tokens(prompt, response, rows):
     """Tokens a micro-batch of `rows` computes on once cut to its rows' width."""
     return len(rows) * (int(prompt[rows].max()) + int(response[rows].max())) if len(rows) else 0
@@ -32,11 +25,12 @@ def token_budget_batches(prompt, response, rows, budget, count=None):
     alone), consecutive in order of (response, prompt) length; `count`: split the largest micro-batches in
     halves until there are that many (data-parallel ranks must take the same number of backward passes)."""
     order = sorted(rows, key=lambda row: (response[row], prompt[row], row))
-    batches, current = [], []
+    batches, current, widest_prompt, longest_response = [], [], 0, 0
     for row in order:
-        if current and padded_tokens(prompt, response, np.array(current + [row])) > budget:
+        widest_prompt, longest_response = max(widest_prompt, prompt[row]), max(longest_response, response[row])
+        if current and (len(current) + 1) * (widest_prompt + longest_response) > budget:
             batches.append(current)
-            current = []
+            current, widest_prompt, longest_response = [], prompt[row], response[row]
         current.append(row)
     if current:
         batches.append(current)
@@ -48,7 +42,6 @@ def token_budget_batches(prompt, response, rows, budget, count=None):
             half = len(batches[largest]) // 2
             batches[largest : largest + 1] = [batches[largest][:half], batches[largest][half:]]
     return batches
-
 
 
 class MicroBatching:
@@ -69,7 +62,7 @@ class MicroBatching:
         rows = list(rows)
         if not self.dynamic:
             return [rows[i : i + self.rows_per_batch] for i in range(0, len(rows), self.rows_per_batch)]
-        prompt, response = real_lengths(exp)
+        prompt, response = exp.real_lengths()
         budget = self.max_tokens if self.max_tokens > 0 else self.rows_per_batch * int(prompt.max() + response.max())
         return token_budget_batches(prompt, response, rows, budget, count)
 

@@ -140,17 +140,27 @@ def lm_head_at(model, positions):
         hook.remove()
 
 
+def response_positions(exp):
+    """The positions whose outputs predict the response tokens."""
+    return slice(exp.prompt_len - 1, -1)
+
+
+def model_logits(model, exp):
+    """The `logits` output of `model` on `exp`'s prompts + responses, positions counted over real tokens."""
+    return model(
+        input_ids=exp.input_ids,
+        attention_mask=exp.attention_mask,
+        position_ids=position_ids_from_mask(exp.attention_mask),
+        return_dict=True,
+    ).logits
+
+
 def response_logits(model, exp):
     """Logits that predict each response token: [B, R, V]. The LM head projects those positions only where the
     model has one (with a 152k vocabulary and long prompts, most of its work would be the prompt's)."""
-    positions = slice(exp.prompt_len - 1, -1)
+    positions = response_positions(exp)
     with lm_head_at(model, positions) as head_selects:
-        logits = model(
-            input_ids=exp.input_ids,
-            attention_mask=exp.attention_mask,
-            position_ids=position_ids_from_mask(exp.attention_mask),
-            return_dict=True,
-        ).logits
+        logits = model_logits(model, exp)
     return logits if head_selects else logits[:, positions]
 
 
@@ -188,11 +198,6 @@ def response_token_stats(model, exp, temperature=1.0, chunk_tokens=DEFAULT_CHUNK
     head = chunkable_lm_head(model)
     if head is None:
         return token_logprobs_and_entropy(response_logits(model, exp), labels, temperature)
-    with lm_head_skipped(head, slice(exp.prompt_len - 1, -1)):
-        hidden = model(
-            input_ids=exp.input_ids,
-            attention_mask=exp.attention_mask,
-            position_ids=position_ids_from_mask(exp.attention_mask),
-            return_dict=True,
-        ).logits
+    with lm_head_skipped(head, response_positions(exp)):
+        hidden = model_logits(model, exp)  # the head returns its input: hidden states
     return head_token_stats(hidden, head.weight, getattr(head, "transpose_y", False), labels, temperature, chunk_tokens)

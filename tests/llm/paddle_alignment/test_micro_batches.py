@@ -9,7 +9,7 @@ from paddlenlp.transformers import Qwen2Config, Qwen2ForCausalLM
 from paddle_alignment.algos import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from paddle_alignment.algos.losses import LossScale
 from paddle_alignment.experience import Experience
-from paddle_alignment.micro_batches import MicroBatching, padded_tokens, real_lengths, token_budget_batches
+from paddle_alignment.micro_batches import MicroBatching, padded_tokens, token_budget_batches
 from paddle_alignment.models.ppo_model_utils import PolicyObjective, response_token_stats
 
 VOCAB = 61
@@ -78,7 +78,7 @@ def test_trimming_cuts_only_unused_padding():
     micro = exp.take([1, 3]).trimmed()  # prompts of 9 and 4, responses of 2 and 3
     assert micro.input_ids.shape == [2, 9 + 3] and micro.prompt_len == 9
     assert all(getattr(micro, name).shape == [2, 3] for name in ("response_mask", "old_logprobs", "advantages"))
-    prompt, response = real_lengths(micro)
+    prompt, response = micro.real_lengths()
     assert prompt.tolist() == [9, 4] and response.tolist() == [2, 3]
 
 

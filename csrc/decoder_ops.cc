@@ -1,8 +1,9 @@
 // A no-gradient forward of a whole paddlenlp Qwen2/Llama decoder in one op call (package `paddlenlp_ops`),
 // float32 on CPU, for the passes that need no autograd: the rollout's decode loop and the reference/old
 // log-probs. Eager Paddle spends most of those passes dispatching hundreds of small ops; here the matrix
-// products go to MKL's sgemm (Paddle's own libmklml_intel, so MKL's threads and its AVX2 setting apply) and
-// the rest (RMSNorm, rotary, attention, SwiGLU) runs in plain vectorised loops on one thread.
+// products, attention's included, go to MKL's sgemm (Paddle's own libmklml_intel, so MKL's threads and its
+// AVX2 setting apply) and the rest (RMSNorm, rotary, softmax, SwiGLU) runs in plain vectorised loops on one
+// thread.
 // llm/alignment/ppo/models/native_forward.py gathers the weights and calls it; csrc/README.md documents it.
 //
 // native_decoder_forward(input_ids [B, S], position_ids [B, S], key_valid [B, T], cache [L, 2, B, KV, T, D],
@@ -39,6 +40,12 @@ namespace {
 constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112;
 using SgemmFn = void (*)(int layout, int trans_a, int trans_b, int m, int n, int k, float alpha, const float* a,
                          int lda, const float* b, int ldb, float beta, float* c, int ldc);
+// MKL's group API: group g holds group_size[g] products sharing its shapes, strides and scalars; MKL runs
+// the products of a call on its threads, so many small ones (one per row and head) use every core.
+using SgemmBatchFn = void (*)(int layout, const int* trans_a, const int* trans_b, const int* m, const int* n,
+                              const int* k, const float* alpha, const float** a, const int* lda, const float** b,
+                              const int* ldb, const float* beta, float** c, const int* ldc, int group_count,
+                              const int* group_size);
 
 struct PaddleLibraries {
   std::string mklml;  // libmklml_intel.so when already loaded
@@ -56,19 +63,29 @@ int FindPaddleLibraries(dl_phdr_info* info, size_t, void* data) {
   return 0;
 }
 
-// MKL's cblas_sgemm from the same library instance Paddle uses (dlopen of a loaded path returns it).
-SgemmFn Sgemm() {
-  static const SgemmFn sgemm = [] {
+// A function of the same MKL instance Paddle uses (dlopen of a loaded path returns it).
+void* MklFunction(const char* name) {
+  static void* const handle = [] {
     PaddleLibraries found;
     dl_iterate_phdr(FindPaddleLibraries, &found);
     const std::string path = !found.mklml.empty() ? found.mklml : found.libs + "/libmklml_intel.so";
-    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    PD_CHECK(handle != nullptr, "native_decoder_forward needs Paddle's MKL, ", path, ": ", dlerror());
-    auto fn = reinterpret_cast<SgemmFn>(dlsym(handle, "cblas_sgemm"));
-    PD_CHECK(fn != nullptr, "no cblas_sgemm in ", path);
-    return fn;
+    void* opened = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    PD_CHECK(opened != nullptr, "native_decoder_forward needs Paddle's MKL, ", path, ": ", dlerror());
+    return opened;
   }();
+  void* fn = dlsym(handle, name);
+  PD_CHECK(fn != nullptr, "no ", name, " in Paddle's MKL");
+  return fn;
+}
+
+SgemmFn Sgemm() {
+  static const auto sgemm = reinterpret_cast<SgemmFn>(MklFunction("cblas_sgemm"));
   return sgemm;
+}
+
+SgemmBatchFn SgemmBatch() {
+  static const auto sgemm_batch = reinterpret_cast<SgemmBatchFn>(MklFunction("cblas_sgemm_batch"));
+  return sgemm_batch;
 }
 
 // c [m, n] = a [m, k] @ b (b [k, n], or [n, k] with transpose_b) + beta * c, row-major.
@@ -102,23 +119,14 @@ FUSED_CPU_CLONES void SwigluRows(const float* gate_up, int64_t rows, int64_t inn
   }
 }
 
-FUSED_CPU_CLONES float Dot(const float* a, const float* b, int64_t n) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-FUSED_CPU_CLONES void AddScaled(float* out, const float* x, float scale, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] += scale * x[i];
-}
-
-// softmax(scores) over the visible keys, in place; returns the sum of exponentials (0: none visible).
-FUSED_CPU_CLONES float SoftmaxVisible(float* scores, const unsigned char* visible, int64_t keys) {
+// softmax(scores) over the keys that are visible, in place; keys not visible get 0, and so do all when none is.
+FUSED_CPU_CLONES void SoftmaxVisible(float* scores, const unsigned char* visible, int64_t keys) {
   float top = -INFINITY;
   for (int64_t j = 0; j < keys; ++j) top = visible[j] ? std::max(top, scores[j]) : top;
-  if (top == -INFINITY) return 0.0f;
+  if (top == -INFINITY) {
+    std::fill(scores, scores + keys, 0.0f);
+    return;
+  }
   float total = 0.0f;
 #pragma omp simd reduction(+ : total)
   for (int64_t j = 0; j < keys; ++j) {
@@ -126,7 +134,9 @@ FUSED_CPU_CLONES float SoftmaxVisible(float* scores, const unsigned char* visibl
     scores[j] = visible[j] ? e : 0.0f;
     total += scores[j];
   }
-  return total;
+  const float inverse = 1.0f / total;
+#pragma omp simd
+  for (int64_t j = 0; j < keys; ++j) scores[j] *= inverse;
 }
 
 // ---- the decoder -----------------------------------------------------------------------------------
@@ -178,31 +188,112 @@ void ProjectQkv(const Layer& w, const Dims& d, const Cache& cache, int64_t l, in
   }
 }
 
-// out [tokens, heads * D]: each new token's heads attending to the visible cache positions up to its own.
-void Attend(const Dims& d, const Cache& cache, int64_t l, int64_t start, const float* qkv, const int64_t* key_valid,
-            float* out) {
+// One pair of attention products: `rows` queries of one batch row (row r at q + r * ldq) against its first
+// `keys` cache positions; row r sees the visible keys up to position first_position + r * row_step (causal).
+struct AttentionBlock {
+  const float* q;
+  int64_t ldq, rows, keys, first_position, row_step;
+  const float *key, *value;
+  const unsigned char* visible;
+  float* out;
+  int64_t ldo;
+};
+
+constexpr int64_t kQueryRows = 128;         // a block's queries: the causal keys it computes past its own are few
+constexpr int64_t kScoreFloats = 1 << 22;   // scores of the blocks run together (16 MB)
+
+// The blocks of the new tokens: one token (decode) groups the heads that share a kv head into one block's
+// rows; several (prefill) give each head blocks of kQueryRows consecutive tokens.
+std::vector<AttentionBlock> AttentionBlocks(const Dims& d, const Cache& cache, int64_t l, int64_t start,
+                                            const float* qkv, const unsigned char* visible, float* out) {
   const int64_t dim = d.head_dim, groups = d.heads / d.kv_heads, width = d.qkv_width();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
-  std::vector<float> scores(start + d.seq);
-  std::vector<unsigned char> visible(start + d.seq);
-  for (int64_t b = 0; b < d.batch; ++b) {
-    for (int64_t j = 0; j < start + d.seq; ++j) visible[j] = key_valid[b * d.cache_len + j] != 0;
-    for (int64_t s = 0; s < d.seq; ++s) {
-      const int64_t keys = start + s + 1;  // causal: the cache up to this token's own position
-      for (int64_t h = 0; h < d.heads; ++h) {
-        const int64_t kv = h / groups;
-        const float* q = qkv + (b * d.seq + s) * width + h * dim;
-        const float *key = cache.at(l, 0, b, kv), *value = cache.at(l, 1, b, kv);
-        for (int64_t j = 0; j < keys; ++j) scores[j] = Dot(q, key + j * dim, dim) * scale;
-        const float total = SoftmaxVisible(scores.data(), visible.data(), keys);
-        float* o = out + (b * d.seq + s) * d.q_width() + h * dim;
-        std::fill(o, o + dim, 0.0f);
-        if (total == 0.0f) continue;
-        for (int64_t j = 0; j < keys; ++j) {
-          if (scores[j] != 0.0f) AddScaled(o, value + j * dim, scores[j] / total, dim);
-        }
+  std::vector<AttentionBlock> blocks;
+  if (d.seq == 1) {
+    for (int64_t b = 0; b < d.batch; ++b) {
+      for (int64_t kv = 0; kv < d.kv_heads; ++kv) {
+        blocks.push_back({qkv + b * width + kv * groups * dim, dim, groups, start + 1, start, 0,
+                          cache.at(l, 0, b, kv), cache.at(l, 1, b, kv), visible + b * d.cache_len,
+                          out + b * d.q_width() + kv * groups * dim, dim});
       }
     }
+    return blocks;
+  }
+  for (int64_t s = 0; s < d.seq; s += kQueryRows) {  // outermost, so that blocks of one shape are adjacent
+    const int64_t rows = std::min(kQueryRows, d.seq - s);
+    for (int64_t b = 0; b < d.batch; ++b) {
+      for (int64_t h = 0; h < d.heads; ++h) {
+        blocks.push_back({qkv + (b * d.seq + s) * width + h * dim, width, rows, start + s + rows, start + s, 1,
+                          cache.at(l, 0, b, h / groups), cache.at(l, 1, b, h / groups), visible + b * d.cache_len,
+                          out + (b * d.seq + s) * d.q_width() + h * dim, d.q_width()});
+      }
+    }
+  }
+  return blocks;
+}
+
+// blocks[first, last): scores = q k^T / sqrt(D) in one batched call, softmax over each row's visible causal
+// keys, out = scores v in a second. Consecutive blocks of one shape form one group of MKL's call (it spreads a
+// group's products over its threads far better than groups of one).
+void RunAttentionBlocks(const std::vector<AttentionBlock>& blocks, size_t first, size_t last, int64_t dim,
+                        float* scores) {
+  std::vector<int> m, n, k, lda, ldb, ldc, sizes;
+  for (size_t i = first; i < last; ++i) {
+    const AttentionBlock& block = blocks[i];
+    const bool same = i > first && block.rows == blocks[i - 1].rows && block.keys == blocks[i - 1].keys &&
+                      block.ldq == blocks[i - 1].ldq && block.ldo == blocks[i - 1].ldo;
+    if (same) {
+      ++sizes.back();
+      continue;
+    }
+    m.push_back(block.rows), n.push_back(block.keys), k.push_back(dim), lda.push_back(block.ldq);
+    ldb.push_back(dim), ldc.push_back(block.keys), sizes.push_back(1);
+  }
+  const int groups = static_cast<int>(sizes.size()), count = static_cast<int>(last - first);
+  std::vector<int> trans(groups, kCblasTrans), no_trans(groups, kCblasNoTrans);
+  std::vector<float> scale(groups, 1.0f / std::sqrt(static_cast<float>(dim))), one(groups, 1.0f), zero(groups, 0.0f);
+  std::vector<const float*> a(count), b(count);
+  std::vector<float*> c(count);
+  float* next = scores;
+  for (int i = 0; i < count; ++i) {
+    const AttentionBlock& block = blocks[first + i];
+    a[i] = block.q, b[i] = block.key, c[i] = next;
+    next += block.rows * block.keys;
+  }
+  SgemmBatch()(kCblasRowMajor, no_trans.data(), trans.data(), m.data(), n.data(), k.data(), scale.data(), a.data(),
+               lda.data(), b.data(), ldb.data(), zero.data(), c.data(), ldc.data(), groups, sizes.data());
+  for (int i = 0; i < count; ++i) {
+    const AttentionBlock& block = blocks[first + i];
+    for (int64_t r = 0; r < block.rows; ++r) {
+      float* row = c[i] + r * block.keys;
+      const int64_t seen = std::min(block.keys, block.first_position + r * block.row_step + 1);
+      SoftmaxVisible(row, block.visible, seen);
+      std::fill(row + seen, row + block.keys, 0.0f);
+    }
+    a[i] = c[i], b[i] = block.value, c[i] = block.out;
+  }
+  for (int g = 0, i = static_cast<int>(first); g < groups; i += sizes[g], ++g) {
+    const AttentionBlock& block = blocks[i];
+    n[g] = dim, k[g] = block.keys, lda[g] = block.keys, ldc[g] = block.ldo;
+  }
+  SgemmBatch()(kCblasRowMajor, no_trans.data(), no_trans.data(), m.data(), n.data(), k.data(), one.data(), a.data(),
+               lda.data(), b.data(), ldb.data(), zero.data(), c.data(), ldc.data(), groups, sizes.data());
+}
+
+// out [tokens, heads * D]: each new token's heads attending to the visible cache positions up to its own,
+// in runs of blocks whose scores fit kScoreFloats (a block larger than that runs alone).
+void Attend(const Dims& d, const Cache& cache, int64_t l, int64_t start, const float* qkv,
+            const unsigned char* visible, float* out, std::vector<float>& scores) {
+  const std::vector<AttentionBlock> blocks = AttentionBlocks(d, cache, l, start, qkv, visible, out);
+  for (size_t first = 0; first < blocks.size();) {
+    size_t last = first;
+    int64_t floats = 0;
+    while (last < blocks.size() && (last == first || floats + blocks[last].rows * blocks[last].keys <= kScoreFloats)) {
+      floats += blocks[last].rows * blocks[last].keys;
+      ++last;
+    }
+    if (static_cast<int64_t>(scores.size()) < floats) scores.resize(floats);
+    RunAttentionBlocks(blocks, first, last, d.head_dim, scores.data());
+    first = last;
   }
 }
 
@@ -292,6 +383,10 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
   }
   std::vector<float> hidden(n * d.hidden), normed(n * d.hidden), qkv(n * d.qkv_width()), attn(n * d.q_width());
   std::vector<float> gate_up(n * 2 * d.inner), act(n * d.inner);
+  std::vector<float> scores;
+  std::vector<unsigned char> visible(d.batch * d.cache_len);
+  const int64_t* valid = key_valid.data<int64_t>();
+  for (int64_t i = 0; i < d.batch * d.cache_len; ++i) visible[i] = valid[i] != 0;
   for (int64_t t = 0; t < n; ++t) std::copy(embed + ids[t] * d.hidden, embed + (ids[t] + 1) * d.hidden, &hidden[t * d.hidden]);
   const Cache cache{const_cast<float*>(cache_tensor.data<float>()), d};
   for (int64_t l = 0; l < d.layers; ++l) {
@@ -299,7 +394,7 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
     fused::RmsNormRows(hidden.data(), nullptr, w.input_norm, epsilon, n, d.hidden, normed.data(), nullptr,
                        nullptr);
     ProjectQkv(w, d, cache, l, start, normed.data(), positions, cos.data<float>(), sin.data<float>(), qkv.data());
-    Attend(d, cache, l, start, qkv.data(), key_valid.data<int64_t>(), attn.data());
+    Attend(d, cache, l, start, qkv.data(), visible.data(), attn.data(), scores);
     MatMul(attn.data(), w.o, hidden.data(), n, d.hidden, d.q_width(), 1.0f);  // the residual add: beta = 1
     fused::RmsNormRows(hidden.data(), nullptr, w.post_norm, epsilon, n, d.hidden, normed.data(), nullptr,
                        nullptr);

@@ -34,12 +34,12 @@ def ops():
     return built_paddlenlp_ops(FUSED_OPS + NATIVE_OPS)
 
 
-def tiny_model(architecture, tie_word_embeddings=False):
+def tiny_model(architecture, tie_word_embeddings=False, max_positions=64):
     """A random tiny model with GQA (4 heads, 2 kv heads) and non-default rope_theta and rms_norm_eps."""
     config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[architecture]
     config = config_class(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, rope_theta=5000.0, rms_norm_eps=1e-5,
+        num_key_value_heads=2, max_position_embeddings=max_positions, rope_theta=5000.0, rms_norm_eps=1e-5,
         tie_word_embeddings=tie_word_embeddings,
     )
     paddle.seed(0)
@@ -81,6 +81,21 @@ def test_response_hidden_states_and_logprobs_match_paddlenlp(ops, architecture, 
     np.testing.assert_allclose(logprobs.numpy(), gather_logprobs(tempered_logits(expected, temperature), labels).numpy(), **TOLERANCE)
 
 
+def test_long_sequences_match_paddlenlp_across_attention_blocks(ops):
+    """Sequences of 340 positions: the op's attention runs queries in blocks of 128 (a partial last one), and
+    left padding of 163 positions hides keys from whole blocks of one row."""
+    model = tiny_model("qwen2", max_positions=512)
+    prompt_len = 300
+    input_ids, mask = padded_batch([300, 137], prompt_len, [40, 12], 40)
+    with paddle.no_grad():
+        eager = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), return_dict=True)
+        native = NativeDecoder.for_model(model)
+        hidden = native.response_hidden(input_ids, mask, prompt_len)
+        logits = head_logits(hidden, native.lm_head.weight, native.lm_head.transpose)
+    real = mask[:, prompt_len:].numpy().astype(bool)
+    np.testing.assert_allclose(logits.numpy()[real], eager.logits[:, prompt_len - 1 : -1].numpy()[real], **TOLERANCE)
+
+
 def decode(model, prompt_ids, prompt_mask, steps):
     """Greedy decoding through the static-cache decoder: (tokens [B, steps], logits [steps + 1, B, V], native)."""
     decoder = StaticCacheDecoder(model, prompt_ids.shape[0], prompt_ids.shape[1] + steps, prompt_mask)
@@ -100,6 +115,18 @@ def test_decode_loop_matches_the_eager_decoder(ops, architecture, tied, monkeypa
         monkeypatch.setenv(NATIVE_SWITCH, "off")
         eager_tokens, eager_logits, eager_native = decode(model, prompt_ids, prompt_mask, steps=10)
     assert native and not eager_native
+    np.testing.assert_array_equal(tokens, eager_tokens)
+    np.testing.assert_allclose(logits, eager_logits, **TOLERANCE)
+
+
+def test_decode_after_long_prompts_matches_the_eager_decoder(ops, monkeypatch):
+    model = tiny_model("llama", max_positions=512)
+    prompt_ids, prompt_mask = padded_batch([300, 137], 300, [0, 0], 0)
+    with paddle.no_grad():
+        tokens, logits, native = decode(model, prompt_ids, prompt_mask, steps=4)
+        monkeypatch.setenv(NATIVE_SWITCH, "off")
+        eager_tokens, eager_logits, _ = decode(model, prompt_ids, prompt_mask, steps=4)
+    assert native
     np.testing.assert_array_equal(tokens, eager_tokens)
     np.testing.assert_allclose(logits, eager_logits, **TOLERANCE)
 

@@ -279,7 +279,7 @@ def main():
     parser.add_argument("--trl_python", default=None, help="a Python with torch, transformers and trl (see bench_trl_grpo.py)")
     parser.add_argument("--internal_ours", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if (args.prompts * args.samples) % args.micro_batch:
+    if args.mode == "step" and (args.prompts * args.samples) % args.micro_batch:
         parser.error(f"--micro_batch {args.micro_batch} must divide the {args.prompts * args.samples} responses")
     os.makedirs(args.work, exist_ok=True)
     from paddle_alignment.cpu_runtime import configure_cpu_runtime, describe

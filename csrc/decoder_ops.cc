@@ -19,9 +19,6 @@
 // when has_qkv_bias), o [heads D, H], post_norm [H], gate_up [H, 2 I] (gate columns first), down [I, H];
 // then embedding [V, H], final_norm [H], lm_head ([H, V], or [V, H] with transpose_lm_head: tied).
 
-#include <dlfcn.h>
-#include <link.h>
-
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -29,71 +26,12 @@
 
 #include "common/cpu_clones.h"
 #include "common/fused_math.h"
+#include "common/mkl_gemm.h"
 #include "common/op_checks.h"
 #include "common/rms_norm.h"
 #include "paddle/extension.h"
 
 namespace {
-
-// ---- sgemm from the MKL that Paddle loads ----------------------------------------------------------
-
-constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112;
-using SgemmFn = void (*)(int layout, int trans_a, int trans_b, int m, int n, int k, float alpha, const float* a,
-                         int lda, const float* b, int ldb, float beta, float* c, int ldc);
-// MKL's group API: group g holds group_size[g] products sharing its shapes, strides and scalars; MKL runs
-// the products of a call on its threads, so many small ones (one per row and head) use every core.
-using SgemmBatchFn = void (*)(int layout, const int* trans_a, const int* trans_b, const int* m, const int* n,
-                              const int* k, const float* alpha, const float** a, const int* lda, const float** b,
-                              const int* ldb, const float* beta, float** c, const int* ldc, int group_count,
-                              const int* group_size);
-
-struct PaddleLibraries {
-  std::string mklml;  // libmklml_intel.so when already loaded
-  std::string libs;   // the folder of libphi (where the wheel keeps libmklml_intel.so)
-};
-
-int FindPaddleLibraries(dl_phdr_info* info, size_t, void* data) {
-  auto* found = static_cast<PaddleLibraries*>(data);
-  const std::string path = info->dlpi_name != nullptr ? info->dlpi_name : "";
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return 0;
-  const std::string file = path.substr(slash + 1);
-  if (file == "libmklml_intel.so") found->mklml = path;
-  if (file == "libphi.so" || file == "libphi_core.so") found->libs = path.substr(0, slash);
-  return 0;
-}
-
-// A function of the same MKL instance Paddle uses (dlopen of a loaded path returns it).
-void* MklFunction(const char* name) {
-  static void* const handle = [] {
-    PaddleLibraries found;
-    dl_iterate_phdr(FindPaddleLibraries, &found);
-    const std::string path = !found.mklml.empty() ? found.mklml : found.libs + "/libmklml_intel.so";
-    void* opened = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    PD_CHECK(opened != nullptr, "native_decoder_forward needs Paddle's MKL, ", path, ": ", dlerror());
-    return opened;
-  }();
-  void* fn = dlsym(handle, name);
-  PD_CHECK(fn != nullptr, "no ", name, " in Paddle's MKL");
-  return fn;
-}
-
-SgemmFn Sgemm() {
-  static const auto sgemm = reinterpret_cast<SgemmFn>(MklFunction("cblas_sgemm"));
-  return sgemm;
-}
-
-SgemmBatchFn SgemmBatch() {
-  static const auto sgemm_batch = reinterpret_cast<SgemmBatchFn>(MklFunction("cblas_sgemm_batch"));
-  return sgemm_batch;
-}
-
-// c [m, n] = a [m, k] @ b (b [k, n], or [n, k] with transpose_b) + beta * c, row-major.
-void MatMul(const float* a, const float* b, float* c, int64_t m, int64_t n, int64_t k, float beta,
-            bool transpose_b = false) {
-  Sgemm()(kCblasRowMajor, kCblasNoTrans, transpose_b ? kCblasTrans : kCblasNoTrans, m, n, k, 1.0f, a, k, b,
-          transpose_b ? k : n, beta, c, n);
-}
 
 // ---- elementwise work ------------------------------------------------------------------------------
 
@@ -170,7 +108,7 @@ void ProjectQkv(const Layer& w, const Dims& d, const Cache& cache, int64_t l, in
   if (w.qkv_bias != nullptr) {
     for (int64_t r = 0; r < n; ++r) std::copy(w.qkv_bias, w.qkv_bias + width, qkv + r * width);
   }
-  MatMul(normed, w.qkv, qkv, n, width, d.hidden, w.qkv_bias != nullptr ? 1.0f : 0.0f);
+  mkl::MatMul(normed, w.qkv, qkv, n, width, d.hidden, w.qkv_bias != nullptr ? 1.0f : 0.0f);
   for (int64_t b = 0; b < d.batch; ++b) {
     for (int64_t s = 0; s < d.seq; ++s) {
       float* row = qkv + (b * d.seq + s) * width;
@@ -232,51 +170,32 @@ std::vector<AttentionBlock> AttentionBlocks(const Dims& d, const Cache& cache, i
 }
 
 // blocks[first, last): scores = q k^T / sqrt(D) in one batched call, softmax over each row's visible causal
-// keys, out = scores v in a second. Consecutive blocks of one shape form one group of MKL's call (it spreads a
-// group's products over its threads far better than groups of one).
+// keys, out = scores v in a second.
 void RunAttentionBlocks(const std::vector<AttentionBlock>& blocks, size_t first, size_t last, int64_t dim,
                         float* scores) {
-  std::vector<int> m, n, k, lda, ldb, ldc, sizes;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  mkl::GemmBatch products;
+  std::vector<float*> block_scores;
+  for (size_t i = first, offset = 0; i < last; offset += blocks[i].rows * blocks[i].keys, ++i) {
+    const AttentionBlock& block = blocks[i];
+    block_scores.push_back(scores + offset);
+    products.Add(false, true, block.rows, block.keys, dim, scale, block.q, block.ldq, block.key, dim, 0.0f,
+                 block_scores.back(), block.keys);
+  }
+  products.Run();
   for (size_t i = first; i < last; ++i) {
     const AttentionBlock& block = blocks[i];
-    const bool same = i > first && block.rows == blocks[i - 1].rows && block.keys == blocks[i - 1].keys &&
-                      block.ldq == blocks[i - 1].ldq && block.ldo == blocks[i - 1].ldo;
-    if (same) {
-      ++sizes.back();
-      continue;
-    }
-    m.push_back(block.rows), n.push_back(block.keys), k.push_back(dim), lda.push_back(block.ldq);
-    ldb.push_back(dim), ldc.push_back(block.keys), sizes.push_back(1);
-  }
-  const int groups = static_cast<int>(sizes.size()), count = static_cast<int>(last - first);
-  std::vector<int> trans(groups, kCblasTrans), no_trans(groups, kCblasNoTrans);
-  std::vector<float> scale(groups, 1.0f / std::sqrt(static_cast<float>(dim))), one(groups, 1.0f), zero(groups, 0.0f);
-  std::vector<const float*> a(count), b(count);
-  std::vector<float*> c(count);
-  float* next = scores;
-  for (int i = 0; i < count; ++i) {
-    const AttentionBlock& block = blocks[first + i];
-    a[i] = block.q, b[i] = block.key, c[i] = next;
-    next += block.rows * block.keys;
-  }
-  SgemmBatch()(kCblasRowMajor, no_trans.data(), trans.data(), m.data(), n.data(), k.data(), scale.data(), a.data(),
-               lda.data(), b.data(), ldb.data(), zero.data(), c.data(), ldc.data(), groups, sizes.data());
-  for (int i = 0; i < count; ++i) {
-    const AttentionBlock& block = blocks[first + i];
+    float* block_rows = block_scores[i - first];
     for (int64_t r = 0; r < block.rows; ++r) {
-      float* row = c[i] + r * block.keys;
+      float* row = block_rows + r * block.keys;
       const int64_t seen = std::min(block.keys, block.first_position + r * block.row_step + 1);
       SoftmaxVisible(row, block.visible, seen);
       std::fill(row + seen, row + block.keys, 0.0f);
     }
-    a[i] = c[i], b[i] = block.value, c[i] = block.out;
+    products.Add(false, false, block.rows, dim, block.keys, 1.0f, block_rows, block.keys, block.value, dim, 0.0f,
+                 block.out, block.ldo);
   }
-  for (int g = 0, i = static_cast<int>(first); g < groups; i += sizes[g], ++g) {
-    const AttentionBlock& block = blocks[i];
-    n[g] = dim, k[g] = block.keys, lda[g] = block.keys, ldc[g] = block.ldo;
-  }
-  SgemmBatch()(kCblasRowMajor, no_trans.data(), no_trans.data(), m.data(), n.data(), k.data(), one.data(), a.data(),
-               lda.data(), b.data(), ldb.data(), zero.data(), c.data(), ldc.data(), groups, sizes.data());
+  products.Run();
 }
 
 // out [tokens, heads * D]: each new token's heads attending to the visible cache positions up to its own,
@@ -395,12 +314,12 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
                        nullptr);
     ProjectQkv(w, d, cache, l, start, normed.data(), positions, cos.data<float>(), sin.data<float>(), qkv.data());
     Attend(d, cache, l, start, qkv.data(), visible.data(), attn.data(), scores);
-    MatMul(attn.data(), w.o, hidden.data(), n, d.hidden, d.q_width(), 1.0f);  // the residual add: beta = 1
+    mkl::MatMul(attn.data(), w.o, hidden.data(), n, d.hidden, d.q_width(), 1.0f);  // the residual add: beta = 1
     fused::RmsNormRows(hidden.data(), nullptr, w.post_norm, epsilon, n, d.hidden, normed.data(), nullptr,
                        nullptr);
-    MatMul(normed.data(), w.gate_up, gate_up.data(), n, 2 * d.inner, d.hidden, 0.0f);
+    mkl::MatMul(normed.data(), w.gate_up, gate_up.data(), n, 2 * d.inner, d.hidden, 0.0f);
     SwigluRows(gate_up.data(), n, d.inner, act.data());
-    MatMul(act.data(), w.down, hidden.data(), n, d.hidden, d.inner, 1.0f);
+    mkl::MatMul(act.data(), w.down, hidden.data(), n, d.hidden, d.inner, 1.0f);
   }
   // The final norm and the LM head, only on the positions whose logits are asked for.
   const int64_t kept = logits_end - logits_start, rows = d.batch * kept;
@@ -414,7 +333,7 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
     return {normed_out};
   }
   auto logits = paddle::empty({d.batch, kept, d.vocab}, paddle::DataType::FLOAT32, input_ids.place());
-  if (rows > 0) MatMul(normed.data(), lm_head, logits.data<float>(), rows, d.vocab, d.hidden, 0.0f, transpose_lm_head);
+  if (rows > 0) mkl::MatMul(normed.data(), lm_head, logits.data<float>(), rows, d.vocab, d.hidden, 0.0f, transpose_lm_head);
   return {logits};
 }
 

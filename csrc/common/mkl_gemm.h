@@ -1,0 +1,112 @@
+// Matrix products in the MKL that Paddle itself loads (libmklml_intel.so, found among the loaded libraries, or
+// beside libphi): its threads (MKL_NUM_THREADS) and its code path (MKL_DEBUG_CPU_TYPE) apply, and no second
+// BLAS is linked. Used by decoder_ops.cc and attention_ops.cc.
+#pragma once
+
+#include <dlfcn.h>
+#include <link.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "paddle/extension.h"
+
+namespace mkl {
+
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+using SgemmFn = void (*)(int layout, int trans_a, int trans_b, int m, int n, int k, float alpha, const float* a,
+                         int lda, const float* b, int ldb, float beta, float* c, int ldc);
+// MKL's group API: group g holds group_size[g] products sharing its shapes, strides and scalars; MKL runs
+// the products of a call on its threads, so many small ones (one per row and head) use every core.
+using SgemmBatchFn = void (*)(int layout, const int* trans_a, const int* trans_b, const int* m, const int* n,
+                              const int* k, const float* alpha, const float** a, const int* lda, const float** b,
+                              const int* ldb, const float* beta, float** c, const int* ldc, int group_count,
+                              const int* group_size);
+
+struct PaddleLibraries {
+  std::string mklml;  // libmklml_intel.so when already loaded
+  std::string libs;   // the folder of libphi (where the wheel keeps libmklml_intel.so)
+};
+
+inline int FindPaddleLibraries(dl_phdr_info* info, size_t, void* data) {
+  auto* found = static_cast<PaddleLibraries*>(data);
+  const std::string path = info->dlpi_name != nullptr ? info->dlpi_name : "";
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return 0;
+  const std::string file = path.substr(slash + 1);
+  if (file == "libmklml_intel.so") found->mklml = path;
+  if (file == "libphi.so" || file == "libphi_core.so") found->libs = path.substr(0, slash);
+  return 0;
+}
+
+// A function of the same MKL instance Paddle uses (dlopen of a loaded path returns it).
+inline void* Function(const char* name) {
+  static void* const handle = [] {
+    PaddleLibraries found;
+    dl_iterate_phdr(FindPaddleLibraries, &found);
+    const std::string path = !found.mklml.empty() ? found.mklml : found.libs + "/libmklml_intel.so";
+    void* opened = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    PD_CHECK(opened != nullptr, "the CPU ops need Paddle's MKL, ", path, ": ", dlerror());
+    return opened;
+  }();
+  void* fn = dlsym(handle, name);
+  PD_CHECK(fn != nullptr, "no ", name, " in Paddle's MKL");
+  return fn;
+}
+
+inline SgemmFn Sgemm() {
+  static const auto sgemm = reinterpret_cast<SgemmFn>(Function("cblas_sgemm"));
+  return sgemm;
+}
+
+inline SgemmBatchFn SgemmBatch() {
+  static const auto sgemm_batch = reinterpret_cast<SgemmBatchFn>(Function("cblas_sgemm_batch"));
+  return sgemm_batch;
+}
+
+// c [m, n] = a [m, k] @ b (b [k, n], or [n, k] with transpose_b) + beta * c, row-major, contiguous.
+inline void MatMul(const float* a, const float* b, float* c, int64_t m, int64_t n, int64_t k, float beta,
+                   bool transpose_b = false) {
+  Sgemm()(kRowMajor, kNoTrans, transpose_b ? kTrans : kNoTrans, m, n, k, 1.0f, a, k, b, transpose_b ? k : n, beta,
+          c, n);
+}
+
+// Products c = alpha op(a) op(b) + beta c, gathered, then run in one batched call (Run), which MKL spreads over
+// its threads; consecutive products of one shape and scalars form one group of the call. Products of one call
+// must not write the same c.
+class GemmBatch {
+ public:
+  void Add(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+    const int ta = trans_a ? kTrans : kNoTrans, tb = trans_b ? kTrans : kNoTrans;
+    const bool same = !sizes_.empty() && trans_a_.back() == ta && trans_b_.back() == tb && m_.back() == m &&
+                      n_.back() == n && k_.back() == k && alpha_.back() == alpha && lda_.back() == lda &&
+                      ldb_.back() == ldb && beta_.back() == beta && ldc_.back() == ldc;
+    if (same) {
+      ++sizes_.back();
+    } else {
+      trans_a_.push_back(ta), trans_b_.push_back(tb), m_.push_back(m), n_.push_back(n), k_.push_back(k);
+      alpha_.push_back(alpha), lda_.push_back(lda), ldb_.push_back(ldb), beta_.push_back(beta);
+      ldc_.push_back(ldc), sizes_.push_back(1);
+    }
+    a_.push_back(a), b_.push_back(b), c_.push_back(c);
+  }
+
+  void Run() {
+    if (!sizes_.empty()) {
+      SgemmBatch()(kRowMajor, trans_a_.data(), trans_b_.data(), m_.data(), n_.data(), k_.data(), alpha_.data(),
+                   a_.data(), lda_.data(), b_.data(), ldb_.data(), beta_.data(), c_.data(), ldc_.data(),
+                   static_cast<int>(sizes_.size()), sizes_.data());
+    }
+    *this = GemmBatch();
+  }
+
+ private:
+  std::vector<int> trans_a_, trans_b_, m_, n_, k_, lda_, ldb_, ldc_, sizes_;
+  std::vector<float> alpha_, beta_;
+  std::vector<const float*> a_, b_;
+  std::vector<float*> c_;
+};
+
+}  // namespace mkl

@@ -25,7 +25,7 @@ from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import Trainer
 from paddlenlp.utils.log import logger
 
-from paddle_alignment.algos import ADVANTAGE_ESTIMATORS
+from paddle_alignment.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
 from paddle_alignment.algos.losses import LossScale
 from paddle_alignment.algos.masked import masked_mean
 from paddle_alignment.algos.metrics import explained_variance, rlhf_objective_metrics, score_part_metrics
@@ -320,6 +320,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
             norm_adv_by_std=args.norm_adv_by_std_in_grpo, logprobs=exp.old_logprobs, ref_logprobs=exp.ref_logprobs,
             kl_coeff=args.kl_coeff if args.kl_in_reward else 0.0, gamma=args.gamma, lam=args.lam,
             normalize_advantage=args.normalize_advantage, reduce_sum=sum_over_data_ranks,
+            reward_kl=KL_ESTIMATORS.get(args.reward_kl_estimator),
         )
         exp.advantages, exp.returns = advantages if isinstance(advantages, tuple) else (advantages, None)
         with self.offload.on_device("train_model", "optimizer"):
@@ -443,17 +444,17 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
                                     op=dist.ReduceOp.MAX)
         return [batching.split(exp, rows, int(counts[f"step_{i}"])) for i, rows in enumerate(steps)]
 
-    @staticmethod
-    def loss_scales(response_mask, steps):
+    def loss_scales(self, response_mask, steps):
         """The LossScale of each optimizer step (a list of its rows): its response tokens and responses,
-        summed over its micro-batches and the data ranks."""
+        summed over its micro-batches and the data ranks, and the response budget max_dec_len."""
         tokens = response_mask.sum(axis=1).numpy()
         local = {}
         for i, rows in enumerate(steps):
             local[f"tokens_{i}"], local[f"sequences_{i}"] = float(tokens[rows].sum()), float(len(rows))
         totals = all_reduce_scalars(local)
         ranks = data_parallel_rank_and_size()[1]
-        return [LossScale(totals[f"tokens_{i}"], totals[f"sequences_{i}"], ranks) for i in range(len(steps))]
+        budget = self.args.max_dec_len
+        return [LossScale(totals[f"tokens_{i}"], totals[f"sequences_{i}"], ranks, budget) for i in range(len(steps))]
 
     def backward(self, wrapped, loss_fn, micro, scale, steps_now):
         """Backward of `loss_fn(micro, scale)`, the micro-batch's share of its step's loss; gradients are

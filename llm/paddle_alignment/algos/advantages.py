@@ -43,6 +43,16 @@ def rloo_advantages(rewards, response_mask, group_index):
     return scores.unsqueeze(-1) * response_mask.astype(rewards.dtype)
 
 
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline", group_baseline=True)
+def reinforce_plus_plus_baseline_advantages(rewards, response_mask, group_index, reduce_sum=None):
+    """REINFORCE++-baseline: r minus the mean reward of its prompt's group, broadcast over the response and
+    whitened over every valid token of the batch (of every rank, with `reduce_sum`), as verl's
+    reinforce_plus_plus_baseline. The KL to the reference goes in the loss (kl_loss_coeff), not the reward."""
+    _, mean, _ = group_stats(rewards, group_index)
+    scores = (rewards - mean).unsqueeze(-1) * response_mask.astype(rewards.dtype)
+    return masked_whiten(scores, response_mask, reduce_sum)
+
+
 def last_token_rewards(rewards, response_mask):
     """Scalar rewards [B] placed on the last valid response token: [B, R]."""
     mask = response_mask.astype(rewards.dtype)
@@ -62,24 +72,24 @@ def discounted_returns(token_rewards, response_mask, gamma):
     return paddle.stack(returns[::-1], axis=1) * mask
 
 
-def kl_shaped_token_rewards(rewards, response_mask, logprobs=None, ref_logprobs=None, kl_coeff=0.0):
-    """Token rewards of PPO and REINFORCE++: -kl_coeff * KL_t on every token (k1 of the rollout policy's
-    `logprobs` against the reference's, as verl's and PaddleNLP's default) plus the scalar reward on the
-    last one: [B, R]."""
+def kl_shaped_token_rewards(rewards, response_mask, logprobs=None, ref_logprobs=None, kl_coeff=0.0, reward_kl=kl_k1):
+    """Token rewards of PPO and REINFORCE++: -kl_coeff * KL_t on every token (`reward_kl`, an estimator of
+    kl.py, of the rollout policy's `logprobs` against the reference's: k1 as verl's and PaddleNLP's default)
+    plus the scalar reward on the last one: [B, R]."""
     token_rewards = last_token_rewards(rewards, response_mask)
     if kl_coeff:
-        token_kl = kl_k1(logprobs, ref_logprobs)
+        token_kl = reward_kl(logprobs, ref_logprobs)
         token_rewards = token_rewards - kl_coeff * token_kl * response_mask.astype(rewards.dtype)
     return token_rewards
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus", kl_in_reward=True)
 def reinforce_plus_plus_advantages(
-    rewards, response_mask, logprobs=None, ref_logprobs=None, kl_coeff=0.0, gamma=1.0, reduce_sum=None
+    rewards, response_mask, logprobs=None, ref_logprobs=None, kl_coeff=0.0, gamma=1.0, reduce_sum=None, reward_kl=kl_k1
 ):
     """REINFORCE++: discounted returns of the KL-shaped token rewards, whitened over every valid token of
     the batch (of every rank, with `reduce_sum`: see masked_whiten). No per-prompt baseline."""
-    token_rewards = kl_shaped_token_rewards(rewards, response_mask, logprobs, ref_logprobs, kl_coeff)
+    token_rewards = kl_shaped_token_rewards(rewards, response_mask, logprobs, ref_logprobs, kl_coeff, reward_kl)
     returns = discounted_returns(token_rewards, response_mask, gamma)
     return masked_whiten(returns, response_mask, reduce_sum)
 
@@ -87,7 +97,7 @@ def reinforce_plus_plus_advantages(
 @ADVANTAGE_ESTIMATORS.register("ppo", critic=True, kl_in_reward=True)
 def gae_advantages(
     rewards, response_mask, values, logprobs=None, ref_logprobs=None, kl_coeff=0.0, gamma=1.0, lam=0.95,
-    normalize_advantage=True, reduce_sum=None,
+    normalize_advantage=True, reduce_sum=None, reward_kl=kl_k1,
 ):
     """PPO: generalised advantage estimation on the KL-shaped token rewards with the critic's `values` [B, R].
 
@@ -97,7 +107,7 @@ def gae_advantages(
     returns), both [B, R].
     """
     mask = response_mask.astype(rewards.dtype)
-    token_rewards = kl_shaped_token_rewards(rewards, response_mask, logprobs, ref_logprobs, kl_coeff)
+    token_rewards = kl_shaped_token_rewards(rewards, response_mask, logprobs, ref_logprobs, kl_coeff, reward_kl)
     values = values * mask
     next_value = paddle.zeros_like(values[:, 0])
     running = paddle.zeros_like(values[:, 0])

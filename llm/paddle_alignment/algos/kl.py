@@ -4,9 +4,9 @@ import paddle
 
 from paddle_alignment.algos.registry import KL_ESTIMATORS
 
-# verl's `kl_penalty` (low_var_kl) bounds: the log-ratio to +-20, the estimate to +-10 (OpenRLHF clamps the
-# estimate to +-10 too). A token the policy all but rules out then costs at most 10 and a bounded gradient.
-MAX_K3_LOG_RATIO = 20.0
+# verl's and OpenRLHF's bounds: a log-ratio to +-20 before exp (k3 here, the policy losses' importance ratio),
+# k3's estimate to +-10. A token the policy all but rules out then costs at most 10 and a bounded gradient.
+MAX_LOG_RATIO = 20.0
 MAX_K3 = 10.0
 
 
@@ -27,5 +27,5 @@ def kl_k3(logprobs, ref_logprobs):
     """pi_ref / pi - 1 - log(pi_ref / pi): unbiased and non-negative (GRPO's KL loss), with verl's clamps:
     the log-ratio to [-20, 20] (no inf from exp, which a zero mask would turn into NaN) and the estimate
     to [-10, 10]."""
-    log_ratio = (ref_logprobs - logprobs).clip(-MAX_K3_LOG_RATIO, MAX_K3_LOG_RATIO)
+    log_ratio = (ref_logprobs - logprobs).clip(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     return (paddle.exp(log_ratio) - 1.0 - log_ratio).clip(-MAX_K3, MAX_K3)

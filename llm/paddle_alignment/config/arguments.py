@@ -306,12 +306,14 @@ class AlgorithmArguments:
         default="ppo", metadata={"help": "Advantage estimator (PaddleNLP's default ppo): " + ", ".join(ADVANTAGE_ESTIMATORS.names())}
     )
     update_iters: int = field(default=1, metadata={"help": "Passes over each rollout batch."})
-    policy_loss: str = field(default="ppo_clip", metadata={"help": "Policy loss: " + ", ".join(POLICY_LOSSES.names()) + " (ppo_clip: per-token ratio; gspo: per-sequence ratio, always aggregated with seq-mean-token-mean)."})
+    policy_loss: str = field(default="ppo_clip", metadata={"help": "Policy loss: " + ", ".join(POLICY_LOSSES.names()) + " (ppo_clip: per-token ratio; gspo, gmpo: per-sequence ratio, always aggregated with seq-mean-token-mean; cispo: clipped, detached IS weight times log-prob; sapo: soft gate instead of the clip)."})
+    sapo_tau_pos: float = field(default=1.0, metadata={"help": "sapo: gate temperature of tokens with positive advantage (the paper's 1.0)."})
+    sapo_tau_neg: float = field(default=1.05, metadata={"help": "sapo: gate temperature of tokens with negative advantage (the paper's 1.05)."})
     pg_loss_coeff: float = field(default=1.0, metadata={"help": "Weight of the policy-gradient loss."})
     entropy_coeff: float = field(default=0.0, metadata={"help": "Weight of the entropy bonus (0: off)."})
     clip_range_ratio: float = field(default=0.2, metadata={"help": "PPO ratio clip, both sides unless _low/_high are given."})
-    clip_range_ratio_low: Optional[float] = field(default=None, metadata={"help": "Lower clip: ratio >= 1 - this."})
-    clip_range_ratio_high: Optional[float] = field(default=None, metadata={"help": "Upper clip: ratio <= 1 + this (DAPO clip-higher)."})
+    clip_range_ratio_low: Optional[float] = field(default=None, metadata={"help": "Lower clip: ratio >= 1 - this (cispo: 1 sets no lower bound; gmpo: log-ratio >= -this)."})
+    clip_range_ratio_high: Optional[float] = field(default=None, metadata={"help": "Upper clip: ratio <= 1 + this (DAPO clip-higher; gmpo: log-ratio <= this)."})
     clip_ratio_c: float = field(
         default=3.0,
         metadata={"help": "Dual-clip PPO (ppo_clip): the loss of a negative-advantage token is at most -A x this (verl's key and default; 0: off)."},
@@ -320,15 +322,16 @@ class AlgorithmArguments:
         default=None,
         metadata={
             "help": "Loss aggregation over the optimizer step's tokens: " + ", ".join(LOSS_AGGREGATIONS.names())
-            + " (default token-mean; gspo always seq-mean-token-mean)."
+            + " (default token-mean; gspo and gmpo always seq-mean-token-mean; seq-mean-token-sum-norm: Dr.GRPO's, divided by max_dec_len)."
         },
     )
     kl_loss_coeff: float = field(default=0.001, metadata={"help": "Weight of the KL-to-reference loss (0 disables the reference model)."})
     kl_estimator: str = field(default="k3", metadata={"help": "KL estimator of the KL loss and the logged kl: k1, k2 or k3 (k3 clamped as verl does: log-ratio to +-20, estimate to +-10)."})
     kl_coeff: float = field(
         default=0.02,
-        metadata={"help": "Weight of the k1 KL penalty in the token rewards (ppo, reinforce_plus_plus; other algorithms ignore it, with a warning)."},
+        metadata={"help": "Weight of the KL penalty in the token rewards (ppo, reinforce_plus_plus; other algorithms ignore it, with a warning)."},
     )
+    reward_kl_estimator: str = field(default="k1", metadata={"help": "KL estimator of the KL penalty in the token rewards: k1 (verl's and PaddleNLP's default), k2 or k3."})
     gamma: float = field(default=1.0, metadata={"help": "Discount of the token returns (ppo, reinforce_plus_plus)."})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda (ppo)."})
     normalize_advantage: bool = field(default=False, metadata={"help": "Whiten GAE advantages over valid tokens (ppo; off for grpo, as in PaddleNLP)."})
@@ -353,15 +356,15 @@ class AlgorithmArguments:
         return self.kl_loss_coeff > 0 or self.kl_in_reward
 
     def resolve_loss_agg_mode(self):
-        """An unset loss_agg_mode is token-mean; a policy loss defined with its own aggregation (gspo: per
-        sequence) always gets it, with a warning when the config asks for another."""
+        """An unset loss_agg_mode is token-mean; a policy loss defined with its own aggregation (gspo, gmpo:
+        per sequence) always gets it, with a warning when the config asks for another."""
         if self.policy_loss not in POLICY_LOSSES.names():
             return  # validate_rl names the key
         required = POLICY_LOSSES.traits(self.policy_loss).loss_agg_mode
         if required and self.loss_agg_mode not in (None, required):
             logger.warning(
                 f"policy_loss={self.policy_loss} is defined per sequence: loss_agg_mode={self.loss_agg_mode!r} "
-                f"is replaced by {required!r} (the GSPO paper; verl's compute_policy_loss_gspo)"
+                f"is replaced by {required!r} (its paper's mean over sequences, as in verl)"
             )
         self.loss_agg_mode = required or self.loss_agg_mode or "token-mean"
 
@@ -375,6 +378,7 @@ class AlgorithmArguments:
         choices = {
             "rl_algorithm": ADVANTAGE_ESTIMATORS,
             "kl_estimator": KL_ESTIMATORS,
+            "reward_kl_estimator": KL_ESTIMATORS,
             "policy_loss": POLICY_LOSSES,
             "loss_agg_mode": LOSS_AGGREGATIONS,
         }
@@ -392,8 +396,10 @@ class AlgorithmArguments:
             "clip_range_ratio_low", "clip_range_ratio_high", "kl_loss_coeff", "entropy_coeff", "kl_coeff", "ptx_coeff",
             "pg_loss_coeff", "clip_ratio_c",
         ])
-        if self.clip_range_ratio_low >= 1:
-            raise ValueError(f"clip_range_ratio_low={self.clip_range_ratio_low} must be < 1 (ratios are positive)")
+        if self.clip_range_ratio_low >= 1 and self.policy_loss != "cispo":
+            raise ValueError(f"clip_range_ratio_low={self.clip_range_ratio_low} must be < 1 (ratios are positive; only cispo takes 1 or more: no lower bound)")
+        if self.policy_loss == "sapo" and not (self.sapo_tau_pos > 0 and self.sapo_tau_neg > 0):
+            raise ValueError(f"sapo_tau_pos={self.sapo_tau_pos} and sapo_tau_neg={self.sapo_tau_neg} must be > 0 (the gate divides by them)")
         if not 0 < self.gamma <= 1:
             raise ValueError(f"gamma must lie in (0, 1], got {self.gamma}")
         if not 0 <= self.lam <= 1:

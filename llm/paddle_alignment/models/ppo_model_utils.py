@@ -12,7 +12,7 @@ from paddlenlp.transformers.llama.modeling import LlamaLMHead
 from paddlenlp.transformers.qwen2.modeling import Qwen2LMHead
 
 from paddle_alignment.algos import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
-from paddle_alignment.algos.losses import clipped_value_loss
+from paddle_alignment.algos.losses import LossScale, clipped_value_loss
 from paddle_alignment.algos.masked import masked_mean
 from paddle_alignment.algos.registry import call_with_options
 from paddle_alignment.algos.token_stats import position_ids_from_mask
@@ -39,13 +39,17 @@ class PolicyObjective:
     clip_ratio_c: float = 0.0
     temperature: float = 1.0
     pg_loss_coeff: float = 1.0
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    response_budget: int = None  # max_dec_len, for a micro-batch that is its own step (pipeline parallel)
 
     @classmethod
     def from_args(cls, args):
         return cls(
             POLICY_LOSSES.get(args.policy_loss), KL_ESTIMATORS.get(args.kl_estimator), LOSS_AGGREGATIONS.get(args.loss_agg_mode),
             args.kl_loss_coeff, args.entropy_coeff, args.clip_range_ratio_low, args.clip_range_ratio_high,
-            args.clip_ratio_c, args.temperature, args.pg_loss_coeff,
+            args.clip_ratio_c, args.temperature, args.pg_loss_coeff, args.sapo_tau_pos, args.sapo_tau_neg,
+            args.max_dec_len,
         )
 
     def token_logprobs(self, logits, labels):
@@ -64,9 +68,11 @@ class PolicyObjective:
         (a LossScale) makes the loss this micro-batch's share of the optimizer step's (None: the micro-batch
         alone). Returns (loss, stats)."""
         old_logprobs = logprobs.detach() if old_logprobs is None else old_logprobs
+        scale = scale or LossScale.of(response_mask, self.response_budget)
         token_loss, stats = call_with_options(
-            self.policy_loss_fn, logprobs, old_logprobs, advantages, response_mask, self.clip_low, self.clip_high,
-            clip_ratio_c=self.clip_ratio_c,
+            self.policy_loss_fn, logprobs, old_logprobs, advantages, response_mask, clip_low=self.clip_low,
+            clip_high=self.clip_high, clip_ratio_c=self.clip_ratio_c, sapo_tau_pos=self.sapo_tau_pos,
+            sapo_tau_neg=self.sapo_tau_neg,
         )
         # The entropy is differentiated only when it is part of the loss.
         if self.entropy_coeff <= 0:

@@ -75,12 +75,25 @@ def test_rloo_with_gspo_loss_and_entropy_bonus_trains(tiny_world, tmp_path):
     assert all(np.isfinite(v).all() for v in trained.values())
 
 
+@pytest.mark.parametrize("settings", [
+    dict(rl_algorithm="reinforce_plus_plus_baseline", policy_loss="cispo", clip_range_ratio_low=1.0,
+         loss_agg_mode="seq-mean-token-sum-norm"),
+    dict(policy_loss="sapo", sapo_tau_neg=2.0, update_iters=2),
+    dict(policy_loss="gmpo", clip_range_ratio=0.4, update_iters=2),
+], ids=["rf++baseline-cispo-drgrpo", "sapo", "gmpo"])
+def test_the_audits_losses_and_estimator_train(tiny_world, tmp_path, settings):
+    run_grpo(tiny_world, tmp_path, eval_steps=0, **settings)
+    trained, initial = weights(tmp_path / "policy"), weights(tiny_world["model"])
+    assert any(not np.array_equal(trained[k], initial[k]) for k in trained)
+    assert all(np.isfinite(v).all() for v in trained.values())
+
+
 def test_reinforce_plus_plus_with_kl_in_the_reward_trains(tiny_world, tmp_path):
     # A reference other than the actor: the KL penalty differs between samples from the first step, so the
     # policy moves even when every sampled answer earns the same score.
     run_grpo(
         tiny_world, tmp_path, rl_algorithm="reinforce_plus_plus", kl_coeff=0.05, kl_loss_coeff=0.0, gamma=0.99,
-        eval_steps=0, reference_model_name_or_path=tiny_world["random_model"],
+        eval_steps=0, reference_model_name_or_path=tiny_world["random_model"], reward_kl_estimator="k3",
     )
     trained, initial = weights(tmp_path / "policy"), weights(tiny_world["model"])
     assert any(not np.array_equal(trained[k], initial[k]) for k in trained)

@@ -24,6 +24,7 @@
 #include "common/fused_math.h"
 #include "common/mkl_gemm.h"
 #include "common/op_checks.h"
+#include "common/score_runs.h"
 #include "paddle/extension.h"
 
 namespace {
@@ -40,8 +41,7 @@ struct AttentionShape {
   int64_t MaskRow(int64_t b, int64_t i) const { return (b * queries + i) * keys; }
 };
 
-constexpr int64_t kQueryRows = 128;        // queries of a block
-constexpr int64_t kBlockFloats = 1 << 22;  // the score-sized buffers of the blocks run together (16 MB each)
+using attention::kQueryRows;
 
 // Queries [first, first + rows) of batch row b and query head h, against keys [0, keys).
 struct Block {
@@ -63,22 +63,15 @@ int64_t KeysSeen(const AttentionShape& s, const float* mask, int64_t b, int64_t 
   return keys;
 }
 
-// The blocks of the queries [first, first + kQueryRows), every batch row and head, in runs whose score-sized
-// buffers fit kBlockFloats (a block larger than that runs alone).
+// The blocks of the queries [first, first + kQueryRows), every batch row and head, in runs (attention::ScoreRuns).
 std::vector<std::vector<Block>> BlockRuns(const AttentionShape& s, const float* mask, int64_t first) {
   const int64_t rows = std::min(kQueryRows, s.queries - first);
-  std::vector<std::vector<Block>> runs(1);
-  int64_t floats = 0;
+  std::vector<Block> blocks;
   for (int64_t b = 0; b < s.batch; ++b) {
     const int64_t keys = KeysSeen(s, mask, b, first, rows);
-    for (int64_t h = 0; h < s.q_heads; ++h) {
-      const Block block{b, h, first, rows, keys};
-      if (!runs.back().empty() && floats + block.floats() > kBlockFloats) runs.emplace_back(), floats = 0;
-      runs.back().push_back(block);
-      floats += block.floats();
-    }
+    for (int64_t h = 0; h < s.q_heads; ++h) blocks.push_back({b, h, first, rows, keys});
   }
-  return runs;
+  return attention::ScoreRuns(blocks);
 }
 
 // scores [rows, keys] = scale q k^T of each block of `run`, at offsets[i] of `buffer`.

@@ -28,6 +28,7 @@
 #include "common/fused_math.h"
 #include "common/mkl_gemm.h"
 #include "common/op_checks.h"
+#include "common/score_runs.h"
 #include "common/rms_norm.h"
 #include "paddle/extension.h"
 
@@ -135,10 +136,10 @@ struct AttentionBlock {
   const unsigned char* visible;
   float* out;
   int64_t ldo;
+  int64_t floats() const { return rows * keys; }
 };
 
-constexpr int64_t kQueryRows = 128;         // a block's queries: the causal keys it computes past its own are few
-constexpr int64_t kScoreFloats = 1 << 22;   // scores of the blocks run together (16 MB)
+using attention::kQueryRows;
 
 // The blocks of the new tokens: one token (decode) groups the heads that share a kv head into one block's
 // rows; several (prefill) give each head blocks of kQueryRows consecutive tokens.
@@ -169,23 +170,23 @@ std::vector<AttentionBlock> AttentionBlocks(const Dims& d, const Cache& cache, i
   return blocks;
 }
 
-// blocks[first, last): scores = q k^T / sqrt(D) in one batched call, softmax over each row's visible causal
+// The blocks of a run: scores = q k^T / sqrt(D) in one batched call, softmax over each row's visible causal
 // keys, out = scores v in a second.
-void RunAttentionBlocks(const std::vector<AttentionBlock>& blocks, size_t first, size_t last, int64_t dim,
-                        float* scores) {
+void RunAttentionBlocks(const std::vector<AttentionBlock>& run, int64_t dim, float* scores) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
   mkl::GemmBatch products;
   std::vector<float*> block_scores;
-  for (size_t i = first, offset = 0; i < last; offset += blocks[i].rows * blocks[i].keys, ++i) {
-    const AttentionBlock& block = blocks[i];
+  int64_t offset = 0;
+  for (const AttentionBlock& block : run) {
     block_scores.push_back(scores + offset);
+    offset += block.floats();
     products.Add(false, true, block.rows, block.keys, dim, scale, block.q, block.ldq, block.key, dim, 0.0f,
                  block_scores.back(), block.keys);
   }
   products.Run();
-  for (size_t i = first; i < last; ++i) {
-    const AttentionBlock& block = blocks[i];
-    float* block_rows = block_scores[i - first];
+  for (size_t i = 0; i < run.size(); ++i) {
+    const AttentionBlock& block = run[i];
+    float* block_rows = block_scores[i];
     for (int64_t r = 0; r < block.rows; ++r) {
       float* row = block_rows + r * block.keys;
       const int64_t seen = std::min(block.keys, block.first_position + r * block.row_step + 1);
@@ -199,20 +200,14 @@ void RunAttentionBlocks(const std::vector<AttentionBlock>& blocks, size_t first,
 }
 
 // out [tokens, heads * D]: each new token's heads attending to the visible cache positions up to its own,
-// in runs of blocks whose scores fit kScoreFloats (a block larger than that runs alone).
+// the blocks in runs (attention::ScoreRuns).
 void Attend(const Dims& d, const Cache& cache, int64_t l, int64_t start, const float* qkv,
             const unsigned char* visible, float* out, std::vector<float>& scores) {
-  const std::vector<AttentionBlock> blocks = AttentionBlocks(d, cache, l, start, qkv, visible, out);
-  for (size_t first = 0; first < blocks.size();) {
-    size_t last = first;
+  for (const auto& run : attention::ScoreRuns(AttentionBlocks(d, cache, l, start, qkv, visible, out))) {
     int64_t floats = 0;
-    while (last < blocks.size() && (last == first || floats + blocks[last].rows * blocks[last].keys <= kScoreFloats)) {
-      floats += blocks[last].rows * blocks[last].keys;
-      ++last;
-    }
-    if (static_cast<int64_t>(scores.size()) < floats) scores.resize(floats);
-    RunAttentionBlocks(blocks, first, last, d.head_dim, scores.data());
-    first = last;
+    for (const AttentionBlock& block : run) floats += block.floats();
+    scores.resize(std::max<size_t>(scores.size(), floats));
+    RunAttentionBlocks(run, d.head_dim, scores.data());
   }
 }
 

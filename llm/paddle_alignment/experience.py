@@ -20,7 +20,10 @@ class Experience:
     score_parts      [B, K] float32  the score's parts (a rule with parts: the columns of the scorer's `parts`)
     unscored         [B] bool        the reward source could not score the row: it got the rule's min score
     rewards          [B] float32     the score after penalties, normalisation and clipping
-    old_logprobs     [B, R] float32  actor log-probs at rollout time (None: on-policy, use detached current ones)
+    rollout_logprobs [B, R] float32  the sampler's log-probs of the tokens it drew, as it drew them (the fast
+                                     decode loop's; None from generate() or greedy decoding)
+    old_logprobs     [B, R] float32  the trainer's forward's log-probs of the sampling policy (None: on-policy,
+                                     use the detached current ones)
     ref_logprobs     [B, R] float32  reference-model log-probs (None without a KL term)
     advantages       [B, R] float32
     values           [B, R] float32  critic values at rollout time (PPO)
@@ -40,6 +43,7 @@ class Experience:
     score_parts: Optional[paddle.Tensor] = None
     unscored: Optional[paddle.Tensor] = None
     rewards: Optional[paddle.Tensor] = None
+    rollout_logprobs: Optional[paddle.Tensor] = None
     old_logprobs: Optional[paddle.Tensor] = None
     ref_logprobs: Optional[paddle.Tensor] = None
     advantages: Optional[paddle.Tensor] = None
@@ -54,7 +58,7 @@ class Experience:
         return self.input_ids.shape[0]
 
     # The fields with a response axis [B, R] (the rest are per row, or [B, P+R]).
-    RESPONSE_FIELDS = ("response_mask", "old_logprobs", "ref_logprobs", "advantages", "values", "returns")
+    RESPONSE_FIELDS = ("response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs", "advantages", "values", "returns")
 
     def real_lengths(self):
         """(prompt lengths, response lengths) of each row [B], as numpy int arrays."""
@@ -121,7 +125,7 @@ class Experience:
         for name in ("scores", "score_parts", "unscored", "rewards"):  # present once the batches are scored
             if all(getattr(b, name) is not None for b in batches):
                 merged[name] = paddle.concat([getattr(b, name) for b in batches])
-        for name in ("old_logprobs", "ref_logprobs"):  # present when recorded at sampling time (decoupled rollout)
+        for name in ("rollout_logprobs", "old_logprobs", "ref_logprobs"):  # present when recorded at sampling time
             if all(getattr(b, name) is not None for b in batches):
                 merged[name] = paddle.concat([widen(b, name, 0.0, False) for b in batches])
         for name in ("prompts", "labels", "responses"):

@@ -28,7 +28,7 @@ from paddlenlp.utils.log import logger
 from paddle_alignment.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
 from paddle_alignment.algos.losses import LossScale
 from paddle_alignment.algos.masked import masked_mean
-from paddle_alignment.algos.metrics import explained_variance, rlhf_objective_metrics, score_part_metrics
+from paddle_alignment.algos.metrics import explained_variance, is_maximum, rlhf_objective_metrics, score_part_metrics
 from paddle_alignment.algos.registry import call_with_options
 from paddle_alignment.algos.reward_shaping import groups_with_reward_variance, shape_rewards
 from paddle_alignment.algos.schedules import build_lr_scheduler
@@ -308,6 +308,12 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         args = self.args
         started = time.time()
         exp, generation = self.make_experience(batches)
+        if args.rollout_correction and exp.rollout_logprobs is None:
+            raise ValueError(
+                f"rollout_correction={args.rollout_correction} weights the loss by the sampler's log-probs, which only the "
+                "fast decode loop records; this batch was decoded by paddlenlp's generate() (use_fusemt false, paddlenlp_ops "
+                "not built, or a model the fast loop does not run: the log says which)"
+            )
         with self.offload.on_device("train_model"):
             if self.needs_old_logprobs and exp.old_logprobs is None:
                 exp.old_logprobs = self.rollout_worker.compute_logprobs(self.model, exp)
@@ -400,7 +406,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         args = self.args
         size, accumulate = args.per_device_train_batch_size, args.gradient_accumulation_steps
         self.model.train()
-        shares, means, count, grad_norms = {}, {}, 0, {"grad_norm": [], "critic_grad_norm": []}
+        shares, means, maxima, count, grad_norms = {}, {}, {}, 0, {"grad_norm": [], "critic_grad_norm": []}
         # Each optimizer step takes the rows of `accumulate` micro-batches of `size` rows in rollout order,
         # which micro_batches.py then splits by their tokens.
         starts = [s for _ in range(args.update_iters) for s in range(0, len(exp), size)]
@@ -421,6 +427,9 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
                 if self.critic is not None:
                     stats |= self.backward(self.critic_wrapped, self.value_loss, micro, scale, steps_now)
                 for key, value in stats.items():
+                    if is_maximum(key):
+                        maxima[key] = max(maxima.get(key, -math.inf), float(value))
+                        continue
                     pool = shares if key.startswith("loss/") else means
                     pool[key] = pool.get(key, 0.0) + float(value)
                 count += 1
@@ -429,6 +438,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
                 critic_norm = self.optimizer_step(self.critic, self.critic_optimizer, self.critic_lr_scheduler)
                 grad_norms["critic_grad_norm"].append(critic_norm)
         metrics = mean_over_ranks({k: v / len(steps) for k, v in shares.items()} | {k: v / count for k, v in means.items()})
+        metrics |= all_reduce_scalars(maxima, op=dist.ReduceOp.MAX)
         metrics |= {name: float(np.mean(norms)) for name, norms in grad_norms.items() if norms}
         metrics["lr"] = self.lr_scheduler.get_lr()
         if self.critic is not None:
@@ -475,7 +485,8 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
                 self.model_wrapped, micro, self.args.temperature, self.args.logprob_chunk_tokens
             )
         loss, stats = self.policy_objective.loss(
-            logprobs, entropy, micro.old_logprobs, micro.ref_logprobs, micro.advantages, micro.response_mask, scale
+            logprobs, entropy, micro.old_logprobs, micro.ref_logprobs, micro.advantages, micro.response_mask, scale,
+            micro.rollout_logprobs,
         )
         if self.ptx_batches is not None:
             with self.autocast_smart_context_manager():

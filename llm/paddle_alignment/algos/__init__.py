@@ -10,5 +10,6 @@ from paddle_alignment.algos.registry import (  # noqa: F401
     LR_SCHEDULES,
     PAIRWISE_LOSSES,
     POLICY_LOSSES,
+    ROLLOUT_CORRECTIONS,
 )
-from paddle_alignment.algos import advantages, kl, losses, metrics, pairwise, reward_shaping, schedules, token_stats  # noqa: E402,F401
+from paddle_alignment.algos import advantages, kl, losses, metrics, pairwise, reward_shaping, rollout_correction, schedules, token_stats  # noqa: E402,F401

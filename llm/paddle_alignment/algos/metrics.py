@@ -3,6 +3,12 @@
 from paddle_alignment.algos.masked import masked_mean
 
 
+def is_maximum(name):
+    """A statistic named *_max is a maximum: the micro-batches and ranks of a step combine it by max, the
+    others by mean."""
+    return name.endswith("_max")
+
+
 def explained_variance(values, returns, mask):
     """1 - Var[returns - values] / Var[returns] over valid tokens: 1 when the critic predicts the returns,
     0 when it does no better than their mean."""

@@ -57,3 +57,5 @@ KL_ESTIMATORS = Registry("KL estimator (kl_estimator)")
 LOSS_AGGREGATIONS = Registry("loss aggregation (loss_agg_mode)")
 LR_SCHEDULES = Registry("learning-rate schedule (lr_scheduler_type)")
 PAIRWISE_LOSSES = Registry("pairwise reward-model loss (loss_type)")
+# level: what one weight covers: "token", or "sequence" (the same weight on each of its tokens).
+ROLLOUT_CORRECTIONS = Registry("rollout correction (rollout_correction)", level="token")

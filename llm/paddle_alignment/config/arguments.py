@@ -27,6 +27,7 @@ from paddle_alignment.algos import (
     LOSS_AGGREGATIONS,
     LR_SCHEDULES,
     POLICY_LOSSES,
+    ROLLOUT_CORRECTIONS,
 )
 from paddle_alignment.config.paddlenlp_keys import canonical_options, config_tokens, drop_keys_without_effect, read_config, split_options
 from paddle_alignment.models.head_logprobs import DEFAULT_CHUNK_TOKENS
@@ -341,6 +342,17 @@ class AlgorithmArguments:
         default=False, metadata={"help": "DAPO dynamic sampling: drop groups of equal rewards and generate more batches to fill the step."}
     )
     max_gen_batches: int = field(default=32, metadata={"help": "With dynamic_sampling: at most this many generated batches per step."})
+    rollout_correction: str = field(
+        default="",
+        metadata={"help": "Weights of the policy loss for the gap between the sampler's and the trainer's log-probs (docs/rollout_correction.md): "
+                  + ", ".join(ROLLOUT_CORRECTIONS.names()) + ", or empty: none (the rollout_corr/* metrics are logged either way)."},
+    )
+    rollout_is_threshold: float = field(
+        default=2.0, metadata={"help": "rollout_correction: the upper bound of the importance ratio pi_old / pi_rollout (the cap of token_tis and sequence_tis; the upper bound kept by sequence_mis, geometric_mask and icepop)."}
+    )
+    rollout_is_threshold_lower: Optional[float] = field(
+        default=None, metadata={"help": "rollout_correction: the lower bound kept by sequence_mis, geometric_mask and icepop (default 1 / rollout_is_threshold)."}
+    )
 
     @property
     def kl_in_reward(self):
@@ -382,7 +394,10 @@ class AlgorithmArguments:
             "policy_loss": POLICY_LOSSES,
             "loss_agg_mode": LOSS_AGGREGATIONS,
         }
+        if self.rollout_correction:
+            choices["rollout_correction"] = ROLLOUT_CORRECTIONS
         check_choices(self, choices)
+        self.validate_rollout_correction()
         for key in ("update_iters", "max_gen_batches"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
@@ -406,6 +421,16 @@ class AlgorithmArguments:
             raise ValueError(f"lam must lie in [0, 1], got {self.lam}")
         if self.dynamic_sampling and self.rollout_n < 2:
             raise ValueError("dynamic_sampling filters groups of samples, so it needs rollout_n >= 2")
+
+    def validate_rollout_correction(self):
+        if not self.rollout_is_threshold > 0:
+            raise ValueError(f"rollout_is_threshold must be > 0 (a bound of the ratio pi_old / pi_rollout), got {self.rollout_is_threshold}")
+        if self.rollout_is_threshold_lower is None:
+            self.rollout_is_threshold_lower = 1.0 / self.rollout_is_threshold
+        if not 0 <= self.rollout_is_threshold_lower <= self.rollout_is_threshold:
+            raise ValueError(
+                f"rollout_is_threshold_lower={self.rollout_is_threshold_lower} must lie in [0, rollout_is_threshold={self.rollout_is_threshold}]"
+            )
 
 
 @dataclass

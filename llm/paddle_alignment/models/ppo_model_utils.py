@@ -11,10 +11,11 @@ import paddle
 from paddlenlp.transformers.llama.modeling import LlamaLMHead
 from paddlenlp.transformers.qwen2.modeling import Qwen2LMHead
 
-from paddle_alignment.algos import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+from paddle_alignment.algos import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS
 from paddle_alignment.algos.losses import LossScale, clipped_value_loss
 from paddle_alignment.algos.masked import masked_mean
 from paddle_alignment.algos.registry import call_with_options
+from paddle_alignment.algos.rollout_correction import mismatch_metrics
 from paddle_alignment.algos.token_stats import position_ids_from_mask
 from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
 from paddle_alignment.models.head_logprobs import DEFAULT_CHUNK_TOKENS, head_token_stats
@@ -27,7 +28,9 @@ HEAD_CLASSES = (Qwen2LMHead, LlamaLMHead)
 class PolicyObjective:
     """pg_loss_coeff x policy loss plus kl_loss_coeff x KL to the reference minus entropy_coeff x entropy, aggregated over
     response tokens with `loss_agg_mode`. Log-probs, KL and entropy are those of the sampling distribution
-    softmax(logits / temperature)."""
+    softmax(logits / temperature). Given the sampler's log-probs, the policy loss of each token is weighted
+    by the `rollout_correction` (algos/rollout_correction.py; None: unweighted), and the gap between sampler
+    and trainer is measured (`rollout_corr/*`)."""
 
     policy_loss_fn: Callable
     kl_fn: Callable
@@ -42,14 +45,18 @@ class PolicyObjective:
     sapo_tau_pos: float = 1.0
     sapo_tau_neg: float = 1.05
     response_budget: int = None  # max_dec_len, for a micro-batch that is its own step (pipeline parallel)
+    rollout_correction: Callable = None
+    rollout_is_threshold: float = 2.0
+    rollout_is_threshold_lower: float = 0.5
 
     @classmethod
     def from_args(cls, args):
+        correction = ROLLOUT_CORRECTIONS.get(args.rollout_correction) if args.rollout_correction else None
         return cls(
             POLICY_LOSSES.get(args.policy_loss), KL_ESTIMATORS.get(args.kl_estimator), LOSS_AGGREGATIONS.get(args.loss_agg_mode),
             args.kl_loss_coeff, args.entropy_coeff, args.clip_range_ratio_low, args.clip_range_ratio_high,
             args.clip_ratio_c, args.temperature, args.pg_loss_coeff, args.sapo_tau_pos, args.sapo_tau_neg,
-            args.max_dec_len,
+            args.max_dec_len, correction, args.rollout_is_threshold, args.rollout_is_threshold_lower,
         )
 
     def token_logprobs(self, logits, labels):
@@ -57,16 +64,20 @@ class PolicyObjective:
         current log-probs."""
         return token_logprobs_and_entropy(logits, labels, self.temperature)[0]
 
-    def __call__(self, logits, labels, old_logprobs, ref_logprobs, advantages, response_mask, scale=None):
+    def __call__(self, logits, labels, old_logprobs, ref_logprobs, advantages, response_mask, scale=None,
+                 rollout_logprobs=None):
         """`logits` [B, R, V] predict the response tokens `labels` [B, R]; see `loss`."""
         logprobs, token_entropy = token_logprobs_and_entropy(logits, labels, self.temperature)
-        return self.loss(logprobs, token_entropy, old_logprobs, ref_logprobs, advantages, response_mask, scale)
+        return self.loss(logprobs, token_entropy, old_logprobs, ref_logprobs, advantages, response_mask, scale,
+                         rollout_logprobs)
 
-    def loss(self, logprobs, token_entropy, old_logprobs, ref_logprobs, advantages, response_mask, scale=None):
+    def loss(self, logprobs, token_entropy, old_logprobs, ref_logprobs, advantages, response_mask, scale=None,
+             rollout_logprobs=None):
         """The objective from the current log-probs and entropies of the response tokens [B, R] (see
         `response_token_stats`); `old_logprobs` None means on-policy (the detached current log-probs); `scale`
         (a LossScale) makes the loss this micro-batch's share of the optimizer step's (None: the micro-batch
-        alone). Returns (loss, stats)."""
+        alone); `rollout_logprobs`: the sampler's (None: no correction, no mismatch metrics). Returns (loss,
+        stats)."""
         old_logprobs = logprobs.detach() if old_logprobs is None else old_logprobs
         scale = scale or LossScale.of(response_mask, self.response_budget)
         token_loss, stats = call_with_options(
@@ -74,6 +85,8 @@ class PolicyObjective:
             clip_high=self.clip_high, clip_ratio_c=self.clip_ratio_c, sapo_tau_pos=self.sapo_tau_pos,
             sapo_tau_neg=self.sapo_tau_neg,
         )
+        if rollout_logprobs is not None:
+            token_loss = self.corrected(token_loss, old_logprobs, rollout_logprobs, response_mask, stats)
         # The entropy is differentiated only when it is part of the loss.
         if self.entropy_coeff <= 0:
             token_entropy = token_entropy.detach()
@@ -91,6 +104,19 @@ class PolicyObjective:
                 objective = objective + self.kl_loss_coeff * token_kl
             stats["kl"] = self.aggregate(token_kl.detach(), response_mask)
         return self.aggregate(objective, response_mask, scale), stats
+
+    def corrected(self, token_loss, old_logprobs, rollout_logprobs, response_mask, stats):
+        """`token_loss` weighted by the rollout correction of the trainer-vs-sampler log-ratio (unchanged
+        without one); the mismatch metrics and the correction's statistics go into `stats`."""
+        with paddle.no_grad():
+            stats |= mismatch_metrics(old_logprobs, rollout_logprobs, response_mask)
+            if self.rollout_correction is None:
+                return token_loss
+            weights, correction_stats = self.rollout_correction(
+                old_logprobs - rollout_logprobs, response_mask, self.rollout_is_threshold, self.rollout_is_threshold_lower
+            )
+            stats |= correction_stats | {"rollout_corr/weight_mean": masked_mean(weights, response_mask)}
+        return token_loss * weights
 
 
 @dataclass(frozen=True)

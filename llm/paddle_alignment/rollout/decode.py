@@ -131,12 +131,11 @@ class RunningRows:
         return kept
 
 
-def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: SamplingConfig, seed, record_logprobs=False,
-                    copies=1):
+def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: SamplingConfig, seed, copies=1):
     """The fast decode loop, sampling from `seed` `copies` responses of each prompt of `input_ids` [P, L]
     (rows B = P * copies, a prompt's copies adjacent; the prompt is prefilled once and its cache repeated):
-    returns response ids [B, R], R = the longest response, and with `record_logprobs` their log-probs under
-    the sampling policy softmax(logits / temperature), taken from the logits before penalties (else None).
+    returns response ids [B, R], R = the longest response, and their log-probs under the sampling policy
+    softmax(logits / temperature), taken from the logits before penalties (None when decoding greedily).
     Rows that finish are dropped from the batch once a quarter of it has finished, and the loop stops when
     every row has; each row samples what it would in the whole batch (its random stream is keyed by its row)."""
     prompts, prompt_len = input_ids.shape
@@ -146,6 +145,7 @@ def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: Sam
     no_banned = paddle.zeros([0], dtype="int64")
     running = RunningRows(rows, sampling, tokenizer.pad_token_id)
     responses = paddle.full([rows, max_dec], tokenizer.pad_token_id, dtype="int64")
+    record_logprobs = not sampling.greedy
     logprobs = paddle.zeros([rows, max_dec], dtype="float32") if record_logprobs else None
     seed = decoder.same_on_every_rank(seed)
     logits = decoder.prefill(input_ids)
@@ -196,11 +196,11 @@ def decode_with_generate(model, tokenizer, input_ids, prompt_mask, sampling: Sam
 
 
 @paddle.no_grad()
-def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_fast=True, seed=None, record_logprobs=False):
+def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_fast=True, seed=None):
     """Sample `n` responses for each prompt item ({"prompt", "label", "input_ids"}) in one batched decode. The
-    fast loop samples from `seed` (default: one drawn from paddle's generator); generate() samples from
-    paddle's generator. `record_logprobs`: the fast loop also records the sampling policy's log-probs of the
-    response tokens as exp.old_logprobs (generate() does not: they stay None)."""
+    fast loop samples from `seed` (default: one drawn from paddle's generator) and records the log-prob each
+    response token was drawn with as exp.rollout_logprobs (not when greedy); generate() samples from paddle's
+    generator and records none."""
     prompt_ids, prompt_mask = left_pad([item["input_ids"] for item in items], tokenizer.pad_token_id)
     input_ids, row_mask = (paddle.repeat_interleave(t, n, axis=0) for t in (prompt_ids, prompt_mask))
     was_training = model.training
@@ -209,8 +209,7 @@ def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_
     logprobs = None
     if ops is not None:
         response_ids, logprobs = decode_with_ops(
-            ops, model, tokenizer, prompt_ids, prompt_mask, sampling, draw_seed() if seed is None else seed,
-            record_logprobs and not sampling.greedy, copies=n,
+            ops, model, tokenizer, prompt_ids, prompt_mask, sampling, draw_seed() if seed is None else seed, copies=n,
         )
     else:
         response_ids = decode_with_generate(model, tokenizer, input_ids, row_mask, sampling)
@@ -218,7 +217,7 @@ def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_
         model.train()
     exp = package_rollouts(tokenizer, items, n, input_ids, row_mask, response_ids)
     if logprobs is not None:
-        exp.old_logprobs = logprobs * exp.response_mask
+        exp.rollout_logprobs = logprobs * exp.response_mask
     return exp
 
 

@@ -49,30 +49,29 @@ class RolloutWorker:
 
     def generate_sequences(self, items, seed, behaviour_logprobs=False):
         """Rollouts of the prompt `items` sampled from `seed`, with their scores, and the seconds the
-        generation took. `behaviour_logprobs`: also the sampling policy's and the reference's log-probs
-        (what a decoupled rollout's sampler records); the fast decode loop records the former as it samples,
-        otherwise a forward pass computes them."""
+        generation took. `behaviour_logprobs`: also the sampling policy's log-probs by the trainer's forward
+        (old_logprobs, beside the decode loop's own rollout_logprobs) and the reference's: what a decoupled
+        rollout's sampler computes for the trainer."""
         started = time.time()
-        exp = self.generate(items, seed, record_logprobs=behaviour_logprobs)
+        exp = self.generate(items, seed)
         seconds = time.time() - started
         self.score(exp)
         if behaviour_logprobs:
-            if exp.old_logprobs is None:
-                with self.offload.on_device("train_model"):
-                    exp.old_logprobs = self.compute_logprobs(self.policy, exp)
+            with self.offload.on_device("train_model"):
+                exp.old_logprobs = self.compute_logprobs(self.policy, exp)
             if self.args.uses_reference_model:
                 exp.ref_logprobs = self.compute_reference_logprobs(exp)
         return exp, seconds
 
-    def generate(self, prompts, seed, record_logprobs=False):
+    def generate(self, prompts, seed):
         """`rollout_n` rollouts of each prompt, decoded per_device_rollout_batch_size prompts at a time (the
-        i-th from seed + i); see generate_rollouts for `record_logprobs`."""
+        i-th from seed + i); see generate_rollouts."""
         size = self.args.per_device_rollout_batch_size
         with self.offload.on_device("train_model"), self.autocast():
             parts = [
                 generate_rollouts(
                     self.policy, self.tokenizer, prompts[start : start + size], self.args.rollout_n, self.sampling,
-                    self.args.use_fusemt, seed=seed + i, record_logprobs=record_logprobs,
+                    self.args.use_fusemt, seed=seed + i,
                 )
                 for i, start in enumerate(range(0, len(prompts), size))
             ]

@@ -15,7 +15,7 @@ TrainingArguments set them); the critic likewise with `value_micro_batch`:
 Packing. A micro-batch is a dict of the experience's tensors (`policy_micro_batch`, `value_micro_batch`):
 
     input_ids [b, P+R] int64, attention_mask [b, P+R] (prompt left-padded, response right-padded),
-    response_mask [b, R]; policy: old_logprobs, ref_logprobs, advantages [b, R];
+    response_mask [b, R]; policy: rollout_logprobs, old_logprobs, ref_logprobs, advantages [b, R];
     value: old_values, returns [b, R]
 
 `split_pipeline_inputs` (the pipes' `_prepare_pipeline_inputs_func`) turns one micro-batch dict, which
@@ -23,7 +23,7 @@ fleet then cuts into micro-batches along the batch axis, or a list of them (one 
 form paddlenlp's Trainer uses), into `[first_stage_inputs, labels]`:
 
     first stage: (input_ids, attention_mask as bool, None, position_ids)
-    labels, policy: (response labels, old_logprobs, ref_logprobs, advantages, response_mask)
+    labels, policy: (response labels, old_logprobs, ref_logprobs, advantages, response_mask, rollout_logprobs)
     labels, value:  (old_values, returns, response_mask)
 
 with a list of micro-batches each entry becomes a list with one tensor per micro-batch. The first-stage
@@ -32,7 +32,8 @@ position_ids); the mask is bool because on GPU paddlenlp's Llama pipe reads an i
 mask slot as position ids. The response labels are the last R input ids, so the loss layers take the
 logits predicting them as `logits[:, -R-1:-1]`, the trainer's `logits[:, P-1:-1]`.
 
-Absent tensors. `old_logprobs` None (on-policy) or `ref_logprobs` None (no KL term) travel as zero-width
+Absent tensors. `old_logprobs` None (on-policy), `ref_logprobs` None (no KL term) or `rollout_logprobs` None
+(not recorded: generate() decoding) travel as zero-width
 float32 tensors [b, 0], so the labels are always the same tuple of tensors: what a trainer broadcasts to
 the other ranks of a stage goes through Paddle collectives, which move tensors only, and a [b, 0] tensor is
 cut along the batch axis like the others while carrying no data. The loss layers read width 0 as None.
@@ -48,6 +49,7 @@ import paddle.nn.functional as F
 from paddle import nn
 from paddlenlp.utils.log import logger
 
+from paddle_alignment.algos.metrics import is_maximum
 from paddle_alignment.algos.token_stats import position_ids_from_mask
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask")  # [b, P+R]; every other key of a micro-batch is [b, R]
@@ -62,6 +64,7 @@ def policy_micro_batch(exp):
         "old_logprobs": exp.old_logprobs,
         "ref_logprobs": exp.ref_logprobs,
         "advantages": exp.advantages,
+        "rollout_logprobs": exp.rollout_logprobs,
     }
 
 
@@ -153,7 +156,8 @@ def first_stage_inputs(batch):
 
 
 def policy_labels(batch):
-    """(response labels, old_logprobs, ref_logprobs, advantages, response_mask) of a policy micro-batch."""
+    """(response labels, old_logprobs, ref_logprobs, advantages, response_mask, rollout_logprobs) of a policy
+    micro-batch."""
     batch_size, response_len = batch["response_mask"].shape
     return (
         batch["input_ids"][:, -response_len:],
@@ -161,6 +165,7 @@ def policy_labels(batch):
         absent_as_empty(batch["ref_logprobs"], batch_size),
         batch["advantages"],
         batch["response_mask"],
+        absent_as_empty(batch["rollout_logprobs"], batch_size),
     )
 
 
@@ -192,11 +197,16 @@ class StatsKeepingLoss(nn.Layer):
         self.recorded_stats.append({key: value.detach() for key, value in stats.items()})
 
     def pop_stats(self):
-        """{name: mean over the micro-batches since the last call} as floats; empty off the last stage."""
+        """{name: mean (max for a maximum, see is_maximum) over the micro-batches since the last call} as
+        floats; empty off the last stage."""
         recorded, self.recorded_stats = self.recorded_stats, []
         if not recorded:
             return {}
-        return {key: float(paddle.stack([stats[key] for stats in recorded]).mean()) for key in recorded[0]}
+        combined = {}
+        for key in recorded[0]:
+            values = paddle.stack([stats[key] for stats in recorded])
+            combined[key] = float(values.max() if is_maximum(key) else values.mean())
+        return combined
 
 
 class PolicyPipeLoss(StatsKeepingLoss):
@@ -207,7 +217,7 @@ class PolicyPipeLoss(StatsKeepingLoss):
         self.objective = objective
 
     def forward(self, logits, labels):
-        response_labels, old_logprobs, ref_logprobs, advantages, response_mask = labels
+        response_labels, old_logprobs, ref_logprobs, advantages, response_mask, rollout_logprobs = labels
         response_len = response_labels.shape[1]
         loss, stats = self.objective(
             logits[:, -response_len - 1 : -1],
@@ -216,6 +226,7 @@ class PolicyPipeLoss(StatsKeepingLoss):
             empty_as_absent(ref_logprobs),
             advantages,
             response_mask,
+            rollout_logprobs=empty_as_absent(rollout_logprobs),
         )
         self.record(stats)
         return loss

@@ -9,13 +9,13 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
-from helpers import TINY_CONFIG, launch_two_processes, logged, overrides, run_grpo, running_reward_server, weights
+from helpers import TINY_CONFIG, built_paddlenlp_ops, launch_two_processes, logged, overrides, run_grpo, running_reward_server, weights
 from llm.alignment.ppo import run_ppo
 from paddle_alignment.data import PromptOnlyDataset
 from paddle_alignment.rewards import REWARD_TASKS, RewardTask, get_reward_task
 from paddle_alignment.rewards.arith import arith_reward
 from paddle_alignment.rewards.client import RewardServerError
-from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
+from paddle_alignment.rollout.decode import ROLLOUT_OPS, SamplingConfig, generate_rollouts
 
 def test_three_grpo_steps_through_the_reward_server(tiny_world, tmp_path):
     with running_reward_server("arith") as url:
@@ -86,6 +86,25 @@ def test_the_audits_losses_and_estimator_train(tiny_world, tmp_path, settings):
     trained, initial = weights(tmp_path / "policy"), weights(tiny_world["model"])
     assert any(not np.array_equal(trained[k], initial[k]) for k in trained)
     assert all(np.isfinite(v).all() for v in trained.values())
+
+
+@pytest.mark.parametrize("correction", ["token_tis", "geometric_mask"])
+def test_the_rollout_gap_is_logged_every_step_and_a_correction_trains(tiny_world, tmp_path, correction):
+    """The fast decode loop's log-probs against the trainer's, every step: float32 on one CPU gives the same
+    numbers up to rounding, so the gap reads ~0, and a correction leaves every token its full weight."""
+    built_paddlenlp_ops(ROLLOUT_OPS)
+    run_grpo(tiny_world, tmp_path, eval_steps=0, rollout_correction=correction, rollout_is_threshold=1.001)
+    gaps, weights_kept = logged(tmp_path / "vdl", "train/rollout_corr/logprob_diff_max"), logged(tmp_path / "vdl", "train/rollout_corr/weight_mean")
+    assert len(gaps) == 3 and max(gaps) < 1e-4
+    assert weights_kept == pytest.approx([1.0] * 3, abs=1e-3)
+    trained, initial = weights(tmp_path / "policy"), weights(tiny_world["model"])
+    assert any(not np.array_equal(trained[k], initial[k]) for k in trained)
+
+
+def test_a_correction_without_the_samplers_log_probs_stops_the_run(tiny_world, tmp_path):
+    with pytest.raises(ValueError, match="rollout_correction=icepop weights the loss by the sampler's log-probs"):
+        run_grpo(tiny_world, tmp_path, eval_steps=0, rollout_correction="icepop", use_fusemt=False)
+    assert not (tmp_path / "policy").exists()
 
 
 def test_reinforce_plus_plus_with_kl_in_the_reward_trains(tiny_world, tmp_path):

@@ -112,6 +112,9 @@ def test_command_line_overrides_the_file(tmp_path):
         ({"clip_ratio_c": 1.0}, "clip_ratio_c=1.0 must be > 1"),
         ({"max_eval_samples": -1}, "max_eval_samples must be >= 0"),
         ({"max_prompt_len": 0}, "max_prompt_len must be positive"),
+        ({"rollout_correction": "tis"}, "rollout_correction='tis' is not available"),
+        ({"rollout_is_threshold": 0}, "rollout_is_threshold must be > 0"),
+        ({"rollout_is_threshold": 2.0, "rollout_is_threshold_lower": 3.0}, "rollout_is_threshold_lower=3.0 must lie in \\[0, rollout_is_threshold=2.0\\]"),
     ],
 )
 def test_bad_configs_fail_naming_the_key(tmp_path, changes, message):

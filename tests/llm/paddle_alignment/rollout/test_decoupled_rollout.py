@@ -92,6 +92,8 @@ def test_the_ratio_uses_the_behaviour_log_probs_a_stale_batch_brings(tiny_world,
 
 
 def test_the_sampler_records_the_behaviour_log_probs_a_forward_pass_gives(tiny_world, tmp_path):
+    """The decode loop's log-probs as it samples (rollout_logprobs) and the trainer-style forward's (old_logprobs)
+    both equal the trainer's forward to 1e-5 in float32: the rollout/trainer gap reads ~0 on the tiny world."""
     built_paddlenlp_ops(ROLLOUT_OPS)  # the fast decode loop records them as it samples
     argv = overrides(tiny_world, str(tmp_path), temperature=0.7, eval_datasets="", max_dec_len=6, min_dec_len=3)
     trainer = run_ppo.build_trainer([TINY_CONFIG, *argv])
@@ -100,6 +102,7 @@ def test_the_sampler_records_the_behaviour_log_probs_a_forward_pass_gives(tiny_w
     forward = worker.compute_logprobs(trainer.model, exp).numpy()  # softmax(logits / 0.7), as the loss has it
     mask = exp.response_mask.numpy()
     assert mask.sum() > 16
+    np.testing.assert_allclose(exp.rollout_logprobs.numpy() * mask, forward * mask, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(exp.old_logprobs.numpy() * mask, forward * mask, rtol=1e-5, atol=1e-5)
 
 

@@ -114,9 +114,9 @@ def test_a_prompt_prefilled_once_samples_as_its_repeated_rows(ops, tiny_world, t
     prompts, mask = infer_utils.left_pad([item["input_ids"] for item in items], tokenizer.pad_token_id)
     sampling = SamplingConfig(max_dec_len=7, temperature=1.3)
     with paddle.no_grad():
-        shared = infer_utils.decode_with_ops(ops, model, tokenizer, prompts, mask, sampling, 3, True, copies=4)
+        shared = infer_utils.decode_with_ops(ops, model, tokenizer, prompts, mask, sampling, 3, copies=4)
         rows, row_mask = (paddle.repeat_interleave(t, 4, axis=0) for t in (prompts, mask))
-        each = infer_utils.decode_with_ops(ops, model, tokenizer, rows, row_mask, sampling, 3, True)
+        each = infer_utils.decode_with_ops(ops, model, tokenizer, rows, row_mask, sampling, 3)
     assert shared[0].shape == [20, 7]
     np.testing.assert_array_equal(shared[0].numpy(), each[0].numpy())
     np.testing.assert_allclose(shared[1].numpy(), each[1].numpy(), rtol=1e-5, atol=1e-5)
@@ -136,9 +136,9 @@ def test_dropping_finished_rows_changes_no_token_and_no_logprob(ops, tiny_world,
     drop = infer_utils.RunningRows.drop_finished
     monkeypatch.setattr(infer_utils.RunningRows, "drop_finished", lambda self, out: drops.append(len(self)) or drop(self, out))
     with paddle.no_grad():
-        dropping = infer_utils.decode_with_ops(ops, model, tokenizer, prompts, mask, sampling, 11, True, copies=4)
+        dropping = infer_utils.decode_with_ops(ops, model, tokenizer, prompts, mask, sampling, 11, copies=4)
         monkeypatch.setattr(infer_utils.RunningRows, "finished_enough", lambda self: False)
-        whole = infer_utils.decode_with_ops(ops, model, tokenizer, prompts, mask, sampling, 11, True, copies=4)
+        whole = infer_utils.decode_with_ops(ops, model, tokenizer, prompts, mask, sampling, 11, copies=4)
     assert len(drops) >= 2 and drops[0] == 24  # rows were dropped, more than once
     lengths = (whole[0] == tokenizer.eos_token_id).astype("int64").argmax(axis=1).numpy()
     assert len(set(lengths.tolist())) >= 3  # the rows ended at different steps

@@ -38,13 +38,15 @@ from llm.alignment.ppo.models.pp_model_utils import (
     policy_labels,
     split_pipeline_inputs,
 )
+from paddle_alignment.algos.metrics import is_maximum
 from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective
 from paddle_alignment.models.score_model import LlamaForScore, Qwen2ForScore
 
 ARGS = SimpleNamespace(
     policy_loss="ppo_clip", kl_estimator="k3", loss_agg_mode="token-mean", kl_loss_coeff=0.1, entropy_coeff=0.01,
     clip_range_ratio_low=0.2, clip_range_ratio_high=0.28, clip_range_value=0.5, clip_ratio_c=3.0, temperature=0.7,
-    pg_loss_coeff=1.0, sapo_tau_pos=1.0, sapo_tau_neg=1.05, max_dec_len=8,
+    pg_loss_coeff=1.0, sapo_tau_pos=1.0, sapo_tau_neg=1.05, max_dec_len=8, rollout_correction="token_tis",
+    rollout_is_threshold=2.0, rollout_is_threshold_lower=0.5,
 )
 TINY = dict(
     vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -113,7 +115,8 @@ def single_stage_fleet():
 
 def rl_batch(rows, prompt_len, response_len, seed):
     """A micro-batch dict as the trainer packs one, with both models' keys: prompts left-padded and responses
-    right-padded by different amounts per row, off-policy old log-probs (ratios beyond the clip range), a
+    right-padded by different amounts per row, off-policy old log-probs (ratios beyond the clip range), the
+    sampler's log-probs (ratios to them beyond the rollout correction's cap), a
     reference, advantages of both signs, old values and returns."""
     rng = np.random.default_rng(seed)
     width = prompt_len + response_len
@@ -130,6 +133,7 @@ def rl_batch(rows, prompt_len, response_len, seed):
         "response_mask": attention_mask[:, prompt_len:].astype("float32"),
         "old_logprobs": near_model_logprobs,
         "ref_logprobs": near_model_logprobs + rng.normal(0, 0.3, response_shape),
+        "rollout_logprobs": near_model_logprobs + rng.normal(0, 1.0, response_shape),
         "advantages": rng.normal(0, 1, response_shape),
         "old_values": rng.normal(0, 0.5, response_shape),
         "returns": rng.normal(0, 1, response_shape),
@@ -158,7 +162,7 @@ def plain_policy_loss(model, objective, batch):
     logits = plain_logits(model, batch)
     return objective(
         logits[:, prompt_len - 1 : -1], batch["input_ids"][:, prompt_len:], batch["old_logprobs"],
-        batch["ref_logprobs"], batch["advantages"], batch["response_mask"],
+        batch["ref_logprobs"], batch["advantages"], batch["response_mask"], rollout_logprobs=batch["rollout_logprobs"],
     )
 
 
@@ -242,8 +246,10 @@ def test_policy_pipe_matches_the_plain_model_loss_stats_and_gradients(family):
     pipe_stats = pipe.pipeline_loss.pop_stats()
     assert set(pipe_stats) == set(plain_stats[0]) and "kl" in pipe_stats
     for key, value in pipe_stats.items():
-        assert value == pytest.approx(np.mean([stats[key] for stats in plain_stats]), abs=1e-5), key
+        combine = np.max if is_maximum(key) else np.mean
+        assert value == pytest.approx(combine([stats[key] for stats in plain_stats]), abs=1e-5), key
     assert pipe_stats["policy/clipfrac_avg"] > 0  # the batch reaches the clipped region
+    assert pipe_stats["rollout_corr/truncated_token_frac"] > 0  # and the rollout correction's cap
     assert pipe.pipeline_loss.pop_stats() == {}
 
 
@@ -263,19 +269,22 @@ def test_value_pipe_matches_the_plain_critic_loss_and_gradients(family):
 
 
 def test_absent_old_and_reference_logprobs_travel_as_zero_width_tensors():
-    """On-policy without a reference: the labels carry [b, 0] tensors and the loss reads them as None."""
+    """On-policy without a reference or the sampler's log-probs: the labels carry [b, 0] tensors and the loss
+    reads them as None."""
     plain, pipe, objective = policy_pair("qwen2")
-    batch = rl_batch(ACCUMULATE * MICRO, 5, 4, seed=3) | {"old_logprobs": None, "ref_logprobs": None}
+    batch = rl_batch(ACCUMULATE * MICRO, 5, 4, seed=3) | {"old_logprobs": None, "ref_logprobs": None, "rollout_logprobs": None}
     micro_batches = split_rows(batch)
 
     packed = pipe._prepare_pipeline_inputs_func(batch)
-    assert [tuple(label.shape) for label in packed[1][1:3]] == [(ACCUMULATE * MICRO, 0)] * 2
+    absent = [packed[1][1], packed[1][2], packed[1][5]]  # old, reference and rollout log-probs
+    assert [tuple(label.shape) for label in absent] == [(ACCUMULATE * MICRO, 0)] * 3
     plain_loss, _ = plain_step(lambda b: plain_policy_loss(plain, objective, b), micro_batches)
     pipe_loss = pipeline_step(pipe, packed)
 
     assert abs(pipe_loss - plain_loss) < 1e-5
     assert_same_grads(pipe, plain)
-    assert "kl" not in pipe.pipeline_loss.pop_stats()
+    stats = pipe.pipeline_loss.pop_stats()
+    assert "kl" not in stats and not any(key.startswith("rollout_corr/") for key in stats)
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])

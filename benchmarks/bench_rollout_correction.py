@@ -1,0 +1,102 @@
+"""The demo's GRPO stage with each rollout correction, and with a rollout/trainer gap injected on purpose.
+
+    python -m llm.tools.tiny_demo                                     # once: the SFT model and the data
+    python benchmarks/bench_rollout_correction.py                     # none and every correction, no gap
+    python benchmarks/bench_rollout_correction.py --sampler_temperature 1.5 --settings none,token_tis,icepop
+
+Each run is config/tiny/grpo_argument.json from the demo's SFT model (300 steps of 8 prompts x 8 samples,
+the in-process rule reward) with `rollout_correction` set as named ("none": unset). With
+--sampler_temperature T the fast decode loop samples at T while the trainer's log-probs stay at the
+config's temperature: the sampler draws from another policy than the trainer computes, as bfloat16
+kernels or a stale engine would make it, and records the log-probs it drew with. Prints per run the held-out
+greedy accuracy after training and the `rollout_corr/*` metrics averaged over the logged steps, then one
+table of each run's metrics at every 50th step (the curves of its VisualDL log).
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+
+from paddle_alignment.cpu_runtime import configure_cpu_runtime, describe  # noqa: E402
+
+configure_cpu_runtime()  # before paddle loads
+
+from llm.alignment.ppo.run_ppo import build_trainer  # noqa: E402
+from paddle_alignment.algos import ROLLOUT_CORRECTIONS  # noqa: E402
+from paddle_alignment.rollout import worker as rollout_worker  # noqa: E402
+
+CONFIG = "config/tiny/grpo_argument.json"
+SHOWN = ("rollout_corr/is_ratio_mean", "rollout_corr/logprob_diff_mean", "rollout_corr/k3_kl", "rollout_corr/weight_mean",
+         "accuracy")
+
+
+def sampler_at(temperature):
+    """Make every rollout worker sample at `temperature` (greedy evaluation unchanged)."""
+    original = rollout_worker.SamplingConfig.from_args.__func__
+
+    def from_args(cls, args, greedy=False):
+        config = original(cls, args, greedy)
+        return config if greedy else dataclasses.replace(config, temperature=temperature)
+
+    rollout_worker.SamplingConfig.from_args = classmethod(from_args)
+
+
+def scalars(log_dir):
+    """{tag: {step: value}} of the `train/` scalars in the VisualDL logs of `log_dir`."""
+    from visualdl import LogReader
+
+    curves = {}
+    for name in sorted(os.listdir(log_dir)):
+        with LogReader(file_path=os.path.join(log_dir, name)) as reader:
+            for tag in reader.get_tags().get("scalar", []):
+                if tag.startswith("train/"):
+                    curves[tag[len("train/"):]] = {r.id: r.value for r in reader.get_data("scalar", tag)}
+    return curves
+
+
+def run(setting, work, steps):
+    """Train with `setting`; returns (held-out greedy accuracy after training, the run's train scalars)."""
+    output = os.path.join(work, setting)
+    argv = [CONFIG, "--use_rm_server", "false", "--use_rule_reward", "true", "--output_dir", output,
+            "--logging_dir", os.path.join(output, "vdl_log"), "--save_steps", "0",
+            "--rollout_correction", "" if setting == "none" else setting]
+    if steps:
+        argv += ["--max_steps", str(steps)]
+    build_trainer(argv).train()
+    with open(os.path.join(output, "eval_results.json")) as f:
+        return json.load(f)["eval_accuracy"], scalars(os.path.join(output, "vdl_log"))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--settings", default=",".join(["none", *ROLLOUT_CORRECTIONS.names()]))
+    parser.add_argument("--sampler_temperature", type=float, default=None)
+    parser.add_argument("--steps", type=int, default=0, help="max_steps (default: the config's 300)")
+    parser.add_argument("--work", default=None)
+    args = parser.parse_args()
+    if not os.path.isdir("tiny_demo/checkpoints/sft"):
+        sys.exit("run `python -m llm.tools.tiny_demo` first: this starts from its SFT model and data")
+    print(describe())
+    if args.sampler_temperature:
+        sampler_at(args.sampler_temperature)
+        print(f"injected gap: the sampler draws at temperature {args.sampler_temperature}, the trainer computes at the config's")
+    work = args.work or tempfile.mkdtemp(prefix="bench_rollout_correction_")
+    curves = {}
+    for setting in args.settings.split(","):
+        accuracy, curves[setting] = run(setting, work, args.steps)
+        means = {key: sum(values.values()) / len(values) for key, values in curves[setting].items() if key.startswith("rollout_corr/")}
+        print(f"{setting}: eval_accuracy={accuracy:.4f} " + " ".join(f"{k.split('/')[-1]}={v:.4g}" for k, v in sorted(means.items())), flush=True)
+    print("\nevery 50th step: " + ", ".join(SHOWN))
+    for setting, curve in curves.items():
+        for step in sorted(curve["accuracy"]):
+            if step % 50 == 0:
+                print(f"{setting} step {step}: " + " ".join(f"{curve.get(key, {}).get(step, float('nan')):.4g}" for key in SHOWN))
+
+
+if __name__ == "__main__":
+    main()

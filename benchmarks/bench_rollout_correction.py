@@ -10,7 +10,8 @@ the in-process rule reward) with `rollout_correction` set as named ("none": unse
 config's temperature: the sampler draws from another policy than the trainer computes, as bfloat16
 kernels or a stale engine would make it, and records the log-probs it drew with. Prints per run the held-out
 greedy accuracy after training and the `rollout_corr/*` metrics averaged over the logged steps, then one
-table of each run's metrics at every 50th step (the curves of its VisualDL log).
+table of each run's metrics at every 50th step (the curves of its VisualDL log), and last
+`min_eval_accuracy=<a>`, the lowest of the runs. --model, --train and --eval point it at another world.
 """
 
 import argparse
@@ -59,14 +60,15 @@ def scalars(log_dir):
     return curves
 
 
-def run(setting, work, steps):
+def run(setting, args, work):
     """Train with `setting`; returns (held-out greedy accuracy after training, the run's train scalars)."""
     output = os.path.join(work, setting)
-    argv = [CONFIG, "--use_rm_server", "false", "--use_rule_reward", "true", "--output_dir", output,
+    argv = [CONFIG, "--actor_model_name_or_path", args.model, "--train_datasets", args.train, "--eval_datasets", args.eval,
+            "--use_rm_server", "false", "--use_rule_reward", "true", "--output_dir", output,
             "--logging_dir", os.path.join(output, "vdl_log"), "--save_steps", "0",
             "--rollout_correction", "" if setting == "none" else setting]
-    if steps:
-        argv += ["--max_steps", str(steps)]
+    if args.steps:  # logged at least once
+        argv += ["--max_steps", str(args.steps), "--logging_steps", str(min(10, args.steps))]
     build_trainer(argv).train()
     with open(os.path.join(output, "eval_results.json")) as f:
         return json.load(f)["eval_accuracy"], scalars(os.path.join(output, "vdl_log"))
@@ -78,24 +80,29 @@ def main():
     parser.add_argument("--sampler_temperature", type=float, default=None)
     parser.add_argument("--steps", type=int, default=0, help="max_steps (default: the config's 300)")
     parser.add_argument("--work", default=None)
+    parser.add_argument("--model", default="tiny_demo/checkpoints/sft")
+    parser.add_argument("--train", default="tiny_demo/data/rl/train.jsonl")
+    parser.add_argument("--eval", default="tiny_demo/data/rl/eval.jsonl")
     args = parser.parse_args()
-    if not os.path.isdir("tiny_demo/checkpoints/sft"):
-        sys.exit("run `python -m llm.tools.tiny_demo` first: this starts from its SFT model and data")
+    if not os.path.isdir(args.model):
+        sys.exit(f"no model at {args.model}: run `python -m llm.tools.tiny_demo` first (this starts from its SFT model and data)")
     print(describe())
     if args.sampler_temperature:
         sampler_at(args.sampler_temperature)
         print(f"injected gap: the sampler draws at temperature {args.sampler_temperature}, the trainer computes at the config's")
     work = args.work or tempfile.mkdtemp(prefix="bench_rollout_correction_")
-    curves = {}
+    curves, accuracies = {}, []
     for setting in args.settings.split(","):
-        accuracy, curves[setting] = run(setting, work, args.steps)
+        accuracy, curves[setting] = run(setting, args, work)
+        accuracies.append(accuracy)
         means = {key: sum(values.values()) / len(values) for key, values in curves[setting].items() if key.startswith("rollout_corr/")}
         print(f"{setting}: eval_accuracy={accuracy:.4f} " + " ".join(f"{k.split('/')[-1]}={v:.4g}" for k, v in sorted(means.items())), flush=True)
     print("\nevery 50th step: " + ", ".join(SHOWN))
     for setting, curve in curves.items():
-        for step in sorted(curve["accuracy"]):
+        for step in sorted(curve["rollout_corr/k3_kl"]):
             if step % 50 == 0:
                 print(f"{setting} step {step}: " + " ".join(f"{curve.get(key, {}).get(step, float('nan')):.4g}" for key in SHOWN))
+    print(f"min_eval_accuracy={min(accuracies):.4f}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,13 @@ def test_bench_grpo_prints_its_figure(tiny_world):
     assert last.startswith("completions_per_s=") and float(last.split("=")[1]) > 0
 
 
+def test_bench_rollout_correction_prints_its_figure(tiny_world, tmp_path):
+    last = run_script("benchmarks/bench_rollout_correction.py", "--model", tiny_world["model"], "--train", tiny_world["train"],
+                      "--eval", tiny_world["eval"], "--steps", "2", "--settings", "none,icepop", "--sampler_temperature", "1.5",
+                      "--work", str(tmp_path))
+    assert last.startswith("min_eval_accuracy=") and 0 <= float(last.split("=")[1]) <= 1
+
+
 def test_bench_rollout_prints_its_figure():
     last = run_script("benchmarks/bench_rollout.py", "--configs", "tiny", "--repeats", "1", "--rollout_n", "8", "--new_tokens", "16")
     assert last.startswith("speedup_vs_generate=") and float(last.split("=")[1]) > 0

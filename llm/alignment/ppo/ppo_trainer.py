@@ -209,7 +209,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         evaluates = self.eval_dataset is not None and args.evaluation_strategy != "no"
         try:
-            self.rollout.start(self.model, start_step)
+            self.rollout.start(self.rollout_worker, start_step)
             self.train_steps(batches, start_step, evaluates)
         finally:
             self.rollout.close()
@@ -240,7 +240,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         """One RL step, after which the policy is at the next version (state.global_step)."""
         exp, metrics = self.rl_step(batches)
         self.state.global_step += 1
-        self.rollout.policy_updated(self.model, self.state.global_step)
+        self.rollout.policy_updated(self.rollout_worker, self.state.global_step)
         return exp, metrics
 
     def steps_per_epoch(self):

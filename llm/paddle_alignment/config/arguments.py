@@ -541,6 +541,13 @@ class DecoupledRolloutArguments:
     rollout_timeout: float = field(
         default=1800.0, metadata={"help": "Decoupled rollout: seconds the trainer waits for a sampler's batch, or a sampler for weights, before it stops."}
     )
+    rollout_sync_check: bool = field(
+        default=True,
+        metadata={"help": "Decoupled rollout: after loading each policy version a sampler compares its log-probs of a fixed probe batch with the trainer's for that version, and stops the run beyond rollout_sync_tolerance (docs/decoupled_rollout.md)."},
+    )
+    rollout_sync_tolerance: float = field(
+        default=1e-3, metadata={"help": "Decoupled rollout: the largest |log-prob difference| on the probe batch that the weight-sync check lets pass."}
+    )
 
     @property
     def sampler_devices(self):
@@ -554,6 +561,8 @@ class DecoupledRolloutArguments:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
         if self.rollout_timeout <= 0:
             raise ValueError(f"rollout_timeout must be positive, got {self.rollout_timeout}")
+        if self.rollout_sync_tolerance < 0:
+            raise ValueError(f"rollout_sync_tolerance must be >= 0, got {self.rollout_sync_tolerance}")
         if self.rollout_mode != "decoupled":
             return
         for key in ("tensor_parallel_degree", "pipeline_parallel_degree"):

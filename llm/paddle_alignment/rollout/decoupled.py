@@ -113,10 +113,11 @@ class DecoupledRollout(Rollout):
 
     # ---- life cycle ---------------------------------------------------------------------------------
 
-    def start(self, model, version):
-        """Rank 0 publishes `version` of `model` and starts the samplers; every rank connects to its sampler."""
+    def start(self, worker, version):
+        """Rank 0 publishes `version` of the worker's policy and starts the samplers; every rank connects to its
+        sampler."""
         if dist.get_rank() == 0:
-            self.start_samplers(model, version)
+            self.start_samplers(worker, version)
         barrier()  # rank 0 removed an earlier run's files: the ready files read below are this run's
         self.sampler = self.wait_ready(dist.get_rank() % len(self.args.sampler_devices))
         share_cores_with_samplers(self.args.sampler_devices.count("cpu"))
@@ -125,10 +126,10 @@ class DecoupledRollout(Rollout):
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.connect(self.sampler["endpoint"])
 
-    def start_samplers(self, model, version):
+    def start_samplers(self, worker, version):
         os.makedirs(self.folder, exist_ok=True)
         self.remove_run_files()
-        weights.publish(model, self.folder, version, keep=0)
+        worker.publish_weights(self.folder, version, keep=0)
         self.socket_dir = tempfile.mkdtemp(prefix="paddle-alignment-rollout-")
         atexit.register(self.close)
         for index, device in enumerate(self.args.sampler_devices):
@@ -219,8 +220,8 @@ class DecoupledRollout(Rollout):
             f"{log_tail(log_file(self.folder, index))}"
         )
 
-    def policy_updated(self, model, version):
+    def policy_updated(self, worker, version):
         if dist.get_rank() == 0:
             # A request names a version at most max_staleness steps old when sent, and other ranks may send
             # theirs a step later: older files are never read again.
-            weights.publish(model, self.folder, version, keep=self.lookahead + 2)
+            worker.publish_weights(self.folder, version, keep=self.lookahead + 2)

@@ -48,8 +48,8 @@ class Rollout:
     def __init__(self):
         self.ready = deque()
 
-    def start(self, model, version):
-        """Begin serving the trainer whose policy `model` is at `version`."""
+    def start(self, worker, version):
+        """Begin serving the trainer whose rollout worker's policy is at `version`."""
 
     def request(self, items, seed, version):
         raise NotImplementedError
@@ -70,8 +70,8 @@ class Rollout:
         """Requested batches of a checkpoint (from `drain`), to be taken before any new request."""
         self.ready.extend(batches)
 
-    def policy_updated(self, model, version):
-        """The trainer's policy is now at `version`."""
+    def policy_updated(self, worker, version):
+        """The trainer's policy (the rollout worker's) is now at `version`."""
 
     def close(self):
         """Stop whatever serves the requests (idempotent)."""

@@ -70,12 +70,12 @@ def build_worker(trainer_argv):
     )
 
 
-def sample(worker, request, folder, version, timeout, trainer_alive):
-    """The request's batch, sampled by the policy version it names (loaded first when another is loaded);
-    its idle seconds are those spent waiting for that version."""
+def sample(worker, request, folder, version, timeout, trainer_alive, engine):
+    """The request's batch, sampled by the policy version it names (loaded and checked first when another is
+    loaded; `engine` names this sampler); its idle seconds are those spent waiting for that version."""
     started = time.monotonic()
     if request["version"] != version:
-        worker.update_weights(folder, request["version"], timeout, trainer_alive)
+        worker.update_weights(folder, request["version"], timeout, trainer_alive, engine)
     waited = time.monotonic() - started
     paddle.seed(request["seed"])  # generate() samples from paddle's generator
     exp, seconds = worker.generate_sequences(request["items"], request["seed"], behaviour_logprobs=True)
@@ -88,6 +88,7 @@ def serve(worker, endpoint, folder, index, timeout, trainer_alive):
     socket.bind(endpoint)
     announce(folder, index, endpoint)
     version, idle_since = None, time.monotonic()
+    engine = f"rollout sampler {index} ({paddle.get_device()})"
     while True:
         if not socket.poll(500):
             if not trainer_alive():
@@ -96,7 +97,7 @@ def serve(worker, endpoint, folder, index, timeout, trainer_alive):
         requester, payload = socket.recv_multipart()
         waited_for_request = time.monotonic() - idle_since
         try:
-            batch = sample(worker, pickle.loads(payload), folder, version, timeout, trainer_alive)
+            batch = sample(worker, pickle.loads(payload), folder, version, timeout, trainer_alive, engine)
         except Exception:
             socket.send_multipart([requester, pickle.dumps({"error": traceback.format_exc()})])
             raise

@@ -26,6 +26,7 @@ import paddle
 from safetensors.numpy import load, save_file
 
 WEIGHTS_FILE = re.compile(r"^policy-v(\d+)\.safetensors$")
+CHECK_PREFIX = "__sync_check__."  # arrays of the weight-sync check (sync_check.py) beside the weights
 HEADER_SIZE_BYTES = 8  # safetensors: the JSON header's length, little-endian, then the header
 
 
@@ -77,11 +78,12 @@ def published_versions(folder):
     return sorted(int(match.group(1)) for match in map(WEIGHTS_FILE.match, os.listdir(folder)) if match)
 
 
-def publish(model, folder, version, keep):
-    """Write version `version` of `model`'s trained weights (called by the rank that publishes): into an
-    expired file (older than `version - keep`) when one has their layout, else a new one; then remove the
-    other expired versions."""
+def publish(model, folder, version, keep, check=None):
+    """Write version `version` of `model`'s trained weights (called by the rank that publishes), with the
+    arrays of `check` (sync_check.record) beside them: into an expired file (older than `version - keep`)
+    when one has their layout, else a new one; then remove the other expired versions."""
     arrays = {name: host_array(value) for name, value in trained_state(model).items()}
+    arrays |= {CHECK_PREFIX + name: value for name, value in (check or {}).items()}
     metadata = {"version": version_field(version), "layout": layout_of(arrays)}
     expired = [old for old in published_versions(folder) if old < version - keep]
     tmp = temp_path(folder, version)
@@ -141,7 +143,7 @@ def remove_all(folder):
 
 def wait_and_load(model, folder, version, timeout, alive):
     """Load version `version` into `model`, waiting up to `timeout` seconds for it to be published while
-    `alive()` (the trainer still runs)."""
+    `alive()` (the trainer still runs); returns the weight-sync check's arrays published with it ({} if none)."""
     path = weights_path(folder, version)
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
@@ -150,7 +152,10 @@ def wait_and_load(model, folder, version, timeout, alive):
         if time.monotonic() > deadline:
             raise TimeoutError(f"policy version {version} was not published within {timeout:.0f} s ({path})")
         time.sleep(0.02)
-    assign(model, read_version(path, version), path)
+    state = read_version(path, version)
+    check = {name[len(CHECK_PREFIX):]: state.pop(name) for name in list(state) if name.startswith(CHECK_PREFIX)}
+    assign(model, state, path)
+    return check
 
 
 def assign(model, state, path):

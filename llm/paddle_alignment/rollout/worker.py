@@ -22,7 +22,7 @@ from paddle_alignment.models.native_forward import NativeDecoder
 from paddle_alignment.models.ppo_model_utils import response_labels, response_token_stats
 from paddle_alignment.models.tensor_parallel import whole
 from paddle_alignment.offload import OffloadPlan
-from paddle_alignment.rollout import weights
+from paddle_alignment.rollout import sync_check, weights
 from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
 
 MAX_LOGGED_ROW_ERRORS = 8  # of one batch: the count is logged too
@@ -135,7 +135,17 @@ class RolloutWorker:
         with self.offload.on_device("train_model"), adapters_disabled(self.policy):
             return self.compute_logprobs(self.policy, exp)
 
-    def update_weights(self, folder, version, timeout, trainer_alive):
+    def update_weights(self, folder, version, timeout, trainer_alive, engine):
         """Load the policy version the trainer published in `folder` (decoupled rollout), waiting for it at most
-        `timeout` seconds while `trainer_alive()`."""
-        weights.wait_and_load(self.policy, folder, version, timeout, trainer_alive)
+        `timeout` seconds while `trainer_alive()`, and check that it computes what the trainer's does
+        (sync_check.py; `engine` names this sampler in the error)."""
+        check = weights.wait_and_load(self.policy, folder, version, timeout, trainer_alive)
+        if self.args.rollout_sync_check:
+            if not check:
+                raise RuntimeError(f"policy version {version} in {folder} was published without the weight-sync check's arrays")
+            sync_check.verify(self, check, version, engine, self.args.rollout_sync_tolerance)
+
+    def publish_weights(self, folder, version, keep):
+        """Publish the policy as `version` into `folder` (decoupled rollout), with the weight-sync check's arrays."""
+        check = sync_check.record(self) if self.args.rollout_sync_check else None
+        weights.publish(self.policy, folder, version, keep, check)

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import paddle
 import pytest
+from paddlenlp.transformers import AutoModelForCausalLM
 from safetensors.numpy import load_file
 
 from helpers import REPO_ROOT, TINY_CONFIG, built_paddlenlp_ops, launch_two_processes, overrides, running_reward_server
@@ -23,6 +24,7 @@ from paddle_alignment.checkpoints import saving as checkpoint_io
 from paddle_alignment.rollout import ColocatedRollout, weights
 from paddle_alignment.rollout.decode import ROLLOUT_OPS
 from paddle_alignment.rollout.decoupled import process_alive
+from paddle_alignment.rollout.worker import RolloutWorker
 
 # A checkpoint every 2 steps, no evaluation, a learning rate that does not depend on max_steps.
 QUICK = {"rollout_mode": "decoupled", "save_steps": 2, "eval_datasets": "", "lr_scheduler_type": "constant"}
@@ -333,3 +335,47 @@ def test_two_data_parallel_trainers_share_one_sampler(tiny_world, tmp_path):
     logs = launch_two_processes(TINY_CONFIG, argv, tmp_path / "launch")
     assert all("staleness: 1.0" in log for log in logs.values())
     assert os.path.isdir(tmp_path / "policy")
+
+
+def sync_pair(tiny_world, tmp_path):
+    """The trainer's rollout worker, and a sampler's over its own copy of the same model."""
+    argv = overrides(tiny_world, str(tmp_path / "run"), temperature=0.7, eval_datasets="", rollout_sync_tolerance=1e-4)
+    trainer = run_ppo.build_trainer([TINY_CONFIG, *argv])
+    sampler_policy = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
+    sampler = RolloutWorker(trainer.args, sampler_policy, trainer.tokenizer, reward_scorer=None)
+    return trainer.rollout_worker, sampler
+
+
+def train_one_parameter(policy, name):
+    """A stand-in for an optimizer step: one parameter of the trainer's policy moves."""
+    param = dict(policy.named_parameters())[name]
+    param.set_value(param + 0.05 * paddle.randn(param.shape))
+
+
+def test_every_weight_sync_is_checked_against_the_trainers_log_probs(tiny_world, tmp_path, monkeypatch):
+    built_paddlenlp_ops(ROLLOUT_OPS)
+    trainer, sampler = sync_pair(tiny_world, tmp_path)
+    folder, moved = str(tmp_path / "rollout"), "qwen2.layers.1.mlp.down_proj.weight"
+    os.makedirs(folder)
+    trainer.publish_weights(folder, 0, keep=0)
+    sampler.update_weights(folder, 0, 1, lambda: True, "rollout sampler 0 (cpu)")  # the same weights: it passes
+
+    train_one_parameter(trainer.policy, moved)
+    trainer.publish_weights(folder, 1, keep=1)
+    sampler.update_weights(folder, 1, 1, lambda: True, "rollout sampler 0 (cpu)")  # loaded: the same again
+
+    # A sampler whose model never takes the weights (verl #7495's adapter) samples with version 1 as version 2.
+    train_one_parameter(trainer.policy, moved)
+    trainer.publish_weights(folder, 2, keep=1)
+    monkeypatch.setattr(weights, "assign", lambda model, state, path: None)
+    message = (r"weight sync check failed: rollout sampler 0 \(cpu\) loaded policy version 2, but its probe log-probs "
+               rf"differ from the trainer's by up to .* \(rollout_sync_tolerance 0.0001\); the parameter that differs most: {moved} ")
+    with pytest.raises(RuntimeError, match=message):
+        sampler.update_weights(folder, 2, 1, lambda: True, "rollout sampler 0 (cpu)")
+
+
+def test_a_version_published_without_the_check_is_refused(tiny_world, tmp_path):
+    trainer, sampler = sync_pair(tiny_world, tmp_path)
+    weights.publish(trainer.policy, str(tmp_path), 3, keep=0)  # no check arrays
+    with pytest.raises(RuntimeError, match="policy version 3 .* was published without the weight-sync check's arrays"):
+        sampler.update_weights(str(tmp_path), 3, 1, lambda: True, "rollout sampler 0 (cpu)")

@@ -112,7 +112,7 @@ def main():
     ])
     trainer.prepare_training()
     batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size)
-    trainer.rollout.start(trainer, 0)
+    trainer.rollout.start(trainer.rollout_worker, 0)
     try:
         for _ in range(args.warmup):
             trainer.advance(batches)

@@ -122,7 +122,7 @@ def run_ours(args, model, prompts):
     ])
     trainer.prepare_training()
     batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size)
-    trainer.rollout.start(trainer, 0)
+    trainer.rollout.start(trainer.rollout_worker, 0)
     phases, sampling = time_phases(trainer)
     reset_peak_rss()
     started = time.perf_counter()

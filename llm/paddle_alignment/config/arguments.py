@@ -538,8 +538,9 @@ class DecoupledRolloutArguments:
     rollout_dir: str = field(
         default="", metadata={"help": "Decoupled rollout: folder of the published policy weights and the samplers' logs (default output_dir/rollout; a tmpfs such as /dev/shm is fastest)."}
     )
-    rollout_timeout: float = field(
-        default=1800.0, metadata={"help": "Decoupled rollout: seconds the trainer waits for a sampler's batch, or a sampler for weights, before it stops."}
+    rollout_timeout: Optional[float] = field(
+        default=None,
+        metadata={"help": "Decoupled rollout: seconds the trainer waits for a sampler's batch, or a sampler for weights, before the run stops (default: derived from the steps so far, 10 x the slowest and at least 60 s; 1800 s before the first step)."},
     )
     rollout_sync_check: bool = field(
         default=True,
@@ -559,8 +560,8 @@ class DecoupledRolloutArguments:
             raise ValueError(f"rollout_mode={self.rollout_mode!r}: choose from {ROLLOUT_MODES}")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
-        if self.rollout_timeout <= 0:
-            raise ValueError(f"rollout_timeout must be positive, got {self.rollout_timeout}")
+        if self.rollout_timeout is not None and self.rollout_timeout <= 0:
+            raise ValueError(f"rollout_timeout must be positive (or unset: derived from the steps), got {self.rollout_timeout}")
         if self.rollout_sync_tolerance < 0:
             raise ValueError(f"rollout_sync_tolerance must be >= 0, got {self.rollout_sync_tolerance}")
         if self.rollout_mode != "decoupled":

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 
 import paddle.distributed as dist
 import zmq
@@ -37,6 +38,7 @@ from paddle_alignment.checkpoints.folders import barrier
 from paddle_alignment.cpu_runtime import openmp_workers_sleep_when_idle
 from paddle_alignment.rollout import weights
 from paddle_alignment.rollout.engines import Rollout, RolloutBatch
+from paddle_alignment.rollout.watchdog import StepDeadline
 
 SAMPLER_MODULE = "paddle_alignment.rollout.sampler"
 POLL_MS = 500
@@ -109,13 +111,16 @@ class DecoupledRollout(Rollout):
         self.folder = args.rollout_dir
         self.processes, self.socket_dir = [], None
         self.context = self.socket = self.sampler = None
-        self.in_flight = 0
+        self.in_flight = deque()  # the policy version each request in flight names, oldest first
+        self.deadline = StepDeadline(args.rollout_timeout)
+        self.version = None
 
     # ---- life cycle ---------------------------------------------------------------------------------
 
     def start(self, worker, version):
         """Rank 0 publishes `version` of the worker's policy and starts the samplers; every rank connects to its
         sampler."""
+        self.version = version
         if dist.get_rank() == 0:
             self.start_samplers(worker, version)
         barrier()  # rank 0 removed an earlier run's files: the ready files read below are this run's
@@ -125,6 +130,7 @@ class DecoupledRollout(Rollout):
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.connect(self.sampler["endpoint"])
+        self.deadline.begin()  # the samplers' start is not a step
 
     def start_samplers(self, worker, version):
         os.makedirs(self.folder, exist_ok=True)
@@ -136,7 +142,7 @@ class DecoupledRollout(Rollout):
             command = [
                 sys.executable, "-m", SAMPLER_MODULE, "--index", str(index), "--rollout_dir", self.folder,
                 "--endpoint", f"ipc://{self.socket_dir}/sampler-{index}", "--trainer_pid", str(os.getpid()),
-                "--timeout", str(self.args.rollout_timeout), *(["--idle_priority"] if device == "cpu" else []),
+                *(["--idle_priority"] if device == "cpu" else []),
                 "--", *self.argv,
             ]
             with open(log_file(self.folder, index), "w") as log:
@@ -146,13 +152,13 @@ class DecoupledRollout(Rollout):
 
     def wait_ready(self, index):
         """Sampler `index`'s ready file, once it serves."""
-        deadline = time.monotonic() + self.args.rollout_timeout
+        deadline = time.monotonic() + self.deadline.seconds()
         path = ready_file(self.folder, index)
         while not os.path.exists(path):
             if self.processes and self.processes[index].poll() is not None:
                 self.fail(index, f"exited with code {self.processes[index].returncode} while starting")
             if time.monotonic() > deadline:
-                self.fail(index, f"was not ready within rollout_timeout={self.args.rollout_timeout:.0f} s")
+                self.fail(index, f"was not ready within {self.deadline.describe()}")
             time.sleep(0.05)
         with open(path) as f:
             return json.load(f) | {"index": index}
@@ -186,11 +192,13 @@ class DecoupledRollout(Rollout):
     # ---- requests -----------------------------------------------------------------------------------
 
     def request(self, items, seed, version):
-        self.socket.send(pickle.dumps({"items": items, "seed": seed, "version": version}, protocol=5))
-        self.in_flight += 1
+        # The sampler waits for that version's weights at most as long as the trainer waits for its batch.
+        request = {"items": items, "seed": seed, "version": version, "timeout": self.deadline.seconds()}
+        self.socket.send(pickle.dumps(request, protocol=5))
+        self.in_flight.append(version)
 
     def requested(self):
-        return len(self.ready) + self.in_flight
+        return len(self.ready) + len(self.in_flight)
 
     def take(self):
         return self.ready.popleft() if self.ready else self.receive()
@@ -202,14 +210,18 @@ class DecoupledRollout(Rollout):
 
     def receive(self):
         """The oldest in-flight request's batch; stops with the sampler's message when it fails or exits."""
-        deadline = time.monotonic() + self.args.rollout_timeout
+        deadline = time.monotonic() + self.deadline.seconds()
         while not self.socket.poll(POLL_MS):
             if not process_alive(self.sampler["pid"]):
                 self.fail(self.sampler["index"], "exited")
             if time.monotonic() > deadline:
-                self.fail(self.sampler["index"], f"sent no batch within rollout_timeout={self.args.rollout_timeout:.0f} s")
+                self.fail(self.sampler["index"], (
+                    f"sent no batch within {self.deadline.describe()}: the trainer, at policy version {self.version}, "
+                    f"waits for the batch of policy version {self.in_flight[0]}; resume from the last checkpoint by "
+                    "running the same command again"
+                ))
         reply = pickle.loads(self.socket.recv())
-        self.in_flight -= 1
+        self.in_flight.popleft()
         if "error" in reply:
             self.fail(self.sampler["index"], f"failed:\n{reply['error']}")
         return RolloutBatch.from_numpy(reply["batch"])
@@ -221,6 +233,8 @@ class DecoupledRollout(Rollout):
         )
 
     def policy_updated(self, worker, version):
+        self.deadline.step_done()
+        self.version = version
         if dist.get_rank() == 0:
             # A request names a version at most max_staleness steps old when sent, and other ranks may send
             # theirs a step later: older files are never read again.

@@ -1,12 +1,13 @@
 """A rollout sampler process of decoupled rollout (started by the trainer's rank 0, see rollout/decoupled.py).
 
     python -m paddle_alignment.rollout.sampler --index I --rollout_dir DIR --endpoint ipc://... \\
-        --trainer_pid PID --timeout S [--idle_priority] -- <the trainer's own arguments>
+        --trainer_pid PID [--idle_priority] -- <the trainer's own arguments>
 
 It builds a rollout worker from the trainer's arguments (tokenizer, policy with its LoRA adapters, reference
 model, reward; no trainer, no critic, no datasets) and serves requests in order: load the policy version a
 request names, sample its prompts with its seed, score them, and record the behaviour policy's and the
-reference's log-probs.
+reference's log-probs. Each event goes to its log (rollout_dir/sampler-<i>.log), whose last lines the trainer
+shows when the sampler fails or misses its deadline.
 """
 
 import argparse
@@ -70,19 +71,27 @@ def build_worker(trainer_argv):
     )
 
 
-def sample(worker, request, folder, version, timeout, trainer_alive, engine):
+def sample(worker, request, folder, version, trainer_alive, engine):
     """The request's batch, sampled by the policy version it names (loaded and checked first when another is
-    loaded; `engine` names this sampler); its idle seconds are those spent waiting for that version."""
+    loaded, waiting for it at most the request's timeout; `engine` names this sampler); its idle seconds are
+    those spent waiting for that version."""
     started = time.monotonic()
     if request["version"] != version:
-        worker.update_weights(folder, request["version"], timeout, trainer_alive, engine)
+        event(f"waiting for policy version {request['version']} (at most {request['timeout']:.0f} s)")
+        worker.update_weights(folder, request["version"], request["timeout"], trainer_alive, engine)
+        event(f"loaded and checked policy version {request['version']}")
     waited = time.monotonic() - started
+    event(f"sampling {len(request['items'])} prompts with policy version {request['version']}, seed {request['seed']}")
     paddle.seed(request["seed"])  # generate() samples from paddle's generator
     exp, seconds = worker.generate_sequences(request["items"], request["seed"], behaviour_logprobs=True)
     return RolloutBatch(exp, request["version"], seconds, waited)
 
 
-def serve(worker, endpoint, folder, index, timeout, trainer_alive):
+def event(what):
+    print(f"{time.strftime('%H:%M:%S')} {what}", flush=True)
+
+
+def serve(worker, endpoint, folder, index, trainer_alive):
     """Answer requests until the trainer exits; an error is sent to the requester, then raised."""
     socket = zmq.Context().socket(zmq.ROUTER)
     socket.bind(endpoint)
@@ -97,13 +106,14 @@ def serve(worker, endpoint, folder, index, timeout, trainer_alive):
         requester, payload = socket.recv_multipart()
         waited_for_request = time.monotonic() - idle_since
         try:
-            batch = sample(worker, pickle.loads(payload), folder, version, timeout, trainer_alive, engine)
+            batch = sample(worker, pickle.loads(payload), folder, version, trainer_alive, engine)
         except Exception:
             socket.send_multipart([requester, pickle.dumps({"error": traceback.format_exc()})])
             raise
         version = batch.version
         batch.sampler_idle_seconds += waited_for_request
         socket.send_multipart([requester, pickle.dumps({"batch": batch.to_numpy()}, protocol=5)])
+        event(f"sent the batch of policy version {version}")
         idle_since = time.monotonic()
 
 
@@ -113,7 +123,6 @@ def main(argv=None):
     parser.add_argument("--rollout_dir", required=True)
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--trainer_pid", type=int, required=True)
-    parser.add_argument("--timeout", type=float, required=True)
     parser.add_argument("--idle_priority", action="store_true", help="a CPU sampler sharing the trainer's cores")
     parser.add_argument("trainer_argv", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -121,7 +130,7 @@ def main(argv=None):
     if args.idle_priority:
         run_at_idle_priority()
     trainer_argv = args.trainer_argv[1:] if args.trainer_argv[:1] == ["--"] else args.trainer_argv
-    serve(build_worker(trainer_argv), args.endpoint, args.rollout_dir, args.index, args.timeout, lambda: process_alive(args.trainer_pid))
+    serve(build_worker(trainer_argv), args.endpoint, args.rollout_dir, args.index, lambda: process_alive(args.trainer_pid))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ reached the engine, taken for staleness for months), a stale or partial load, an
 weights differ from the trainer's, each of which otherwise only bends the curves.
 """
 
+from functools import lru_cache
+
 import numpy as np
 import paddle
 
@@ -19,8 +21,10 @@ from paddle_alignment.rollout.weights import host_array
 
 PROBE_ROWS, PROBE_PROMPT_TOKENS, PROBE_RESPONSE_TOKENS = 2, 8, 8
 PROBE_SEED = 20261125
+DIGEST_CHUNK = 1 << 20  # values converted to float64 at a time: no float64 copy of a whole embedding
 
 
+@lru_cache(maxsize=None)
 def probe_batch(vocab_size):
     """The fixed probe: PROBE_ROWS rows of random prompt and response token ids below `vocab_size`."""
     rng = np.random.default_rng(PROBE_SEED)
@@ -36,17 +40,22 @@ def probe_batch(vocab_size):
     )
 
 
-def parameter_names(model):
-    return sorted(name for name, _ in model.named_parameters())
+def named_parameters(model):
+    """(name, parameter) of every parameter, frozen ones included, sorted by name."""
+    return sorted(model.named_parameters(), key=lambda item: item[0])
 
 
 def parameter_digest(model):
-    """[parameters, 2] float64: each parameter's sum and sum of squares, in parameter_names' order."""
-    parameters = dict(model.named_parameters())
+    """[parameters, 2] float64: each parameter's sum and sum of squares, in named_parameters' order."""
+    parameters = named_parameters(model)
     digest = np.empty([len(parameters), 2], dtype="float64")
-    for row, name in enumerate(parameter_names(model)):
-        values = host_array(parameters[name]).astype("float64").ravel()
-        digest[row] = values.sum(), values @ values
+    for row, (_, parameter) in enumerate(parameters):
+        values = host_array(parameter).ravel()
+        total = squares = 0.0
+        for start in range(0, values.size, DIGEST_CHUNK):
+            chunk = values[start : start + DIGEST_CHUNK].astype("float64")
+            total, squares = total + chunk.sum(), squares + chunk @ chunk
+        digest[row] = total, squares
     return digest
 
 
@@ -76,7 +85,7 @@ def differing_parameter(model, mine, theirs):
     """Which parameter's digest differs most from the trainer's, in words."""
     if mine.shape != theirs.shape:
         return f"and it has {len(mine)} parameters where the trainer's policy has {len(theirs)}"
-    names = parameter_names(model)
+    names = [name for name, _ in named_parameters(model)]
     relative = np.abs(mine - theirs).max(axis=1) / (np.abs(theirs).max(axis=1) + 1e-12)
     worst = int(relative.argmax())
     if relative[worst] == 0:

@@ -5,6 +5,7 @@ file, faults on either side, exact resume, and every kind of run it must serve."
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from helpers import REPO_ROOT, TINY_CONFIG, built_paddlenlp_ops, launch_two_proc
 from helpers import weights as model_weights
 from llm.alignment.ppo import run_ppo
 from paddle_alignment.checkpoints import saving as checkpoint_io
-from paddle_alignment.rollout import ColocatedRollout, weights
+from paddle_alignment.rollout import ColocatedRollout, watchdog, weights
 from paddle_alignment.rollout.decode import ROLLOUT_OPS
 from paddle_alignment.rollout.decoupled import process_alive
 from paddle_alignment.rollout.worker import RolloutWorker
@@ -379,3 +380,46 @@ def test_a_version_published_without_the_check_is_refused(tiny_world, tmp_path):
     weights.publish(trainer.policy, str(tmp_path), 3, keep=0)  # no check arrays
     with pytest.raises(RuntimeError, match="policy version 3 .* was published without the weight-sync check's arrays"):
         sampler.update_weights(str(tmp_path), 3, 1, lambda: True, "rollout sampler 0 (cpu)")
+
+
+def test_the_deadline_follows_the_slowest_step(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(watchdog.time, "monotonic", lambda: clock[0])
+    deadline = watchdog.StepDeadline()
+    assert deadline.seconds() == watchdog.STARTUP_SECONDS  # loading models and the first batch
+    for seconds in (0.1, 0.3, 0.2):
+        clock[0] += seconds
+        deadline.step_done()
+    assert deadline.seconds() == watchdog.MIN_SECONDS  # 10 x 0.3 s is less than the floor
+    clock[0] += 20.0
+    deadline.step_done()
+    assert deadline.seconds() == pytest.approx(200.0) and "10 x the slowest RL step so far, 20.00 s" in deadline.describe()
+    assert watchdog.StepDeadline(override=5.0).seconds() == 5.0
+
+
+def test_a_frozen_sampler_ends_the_run_within_its_deadline_and_the_rerun_resumes(tiny_world, tmp_path):
+    """SIGSTOP, at the default settings: the trainer stops within 10 x its slowest step (at least a minute),
+    naming the sampler, the versions and the sampler's last event; the same command resumes."""
+    trainer = run_in_background(tiny_world, tmp_path, max_steps=100000, save_steps=2)
+    pid = sampler_pid(tmp_path)
+    while not (tmp_path / "checkpoint-2").exists():
+        assert trainer.poll() is None, trainer.stdout.read()[-3000:]
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGSTOP)
+    frozen = time.monotonic()
+    output, _ = trainer.communicate(timeout=600)
+    waited = time.monotonic() - frozen
+    assert trainer.returncode != 0
+    found = re.search(r"rollout sampler 0 sent no batch within (\d+) s \(10 x the slowest RL step so far, ([0-9.]+) s, and "
+                      r"at least 60 s; rollout_timeout sets it\): the trainer, at policy version \d+, waits for the batch "
+                      r"of policy version \d+", output)
+    assert found, output[-3000:]
+    deadline, slowest = int(found.group(1)), float(found.group(2))
+    assert abs(deadline - max(60.0, 10 * slowest)) <= 1  # 60 s on a quiet machine: the demo's steps take 0.1 s
+    assert re.search(r"\d\d:\d\d:\d\d (sampling|sent|loaded)", output)  # the sampler's last events, from its log
+    assert deadline <= waited < deadline + 30
+    checkpoints = sorted(int(name.split("-")[1]) for name in os.listdir(tmp_path) if name.startswith("checkpoint-"))
+    resumed = run_in_background(tiny_world, tmp_path, max_steps=checkpoints[-1] + 2, save_steps=2)
+    output, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, output[-3000:]
+    assert (tmp_path / f"checkpoint-{checkpoints[-1] + 2}").exists()

@@ -25,6 +25,7 @@ from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import Trainer
 from paddlenlp.utils.log import logger
 
+from paddle_alignment import watchdog
 from paddle_alignment.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
 from paddle_alignment.algos.losses import LossScale
 from paddle_alignment.algos.masked import masked_mean
@@ -210,6 +211,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         evaluates = self.eval_dataset is not None and args.evaluation_strategy != "no"
         try:
             self.rollout.start(self.rollout_worker, start_step)
+            watchdog.STEPS.begin(start_step)  # loading models and starting samplers is not a step
             self.train_steps(batches, start_step, evaluates)
         finally:
             self.rollout.close()
@@ -239,6 +241,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
     def advance(self, batches):
         """One RL step, after which the policy is at the next version (state.global_step)."""
         exp, metrics = self.rl_step(batches)
+        watchdog.STEPS.step_done()
         self.state.global_step += 1
         self.rollout.policy_updated(self.rollout_worker, self.state.global_step)
         return exp, metrics

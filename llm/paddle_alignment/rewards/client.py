@@ -13,6 +13,10 @@ trainer logs each with the server's message and counts them (`reward_error_rows`
 row does not stop a run. Score parts (`score_parts`, such as the GSM8K recipe's answer and format
 rewards) come back in the ScoredBatch's `parts`.
 
+With a `deadline` (watchdog.Deadline: the trainer's, derived from its RL steps) a request and its retries
+end within it, so a server that accepts and never answers stops the run with an error naming the server,
+the step and the last error, instead of holding it for every attempt's full `timeout`.
+
 With an API key (the `api_key` argument, else the REWARD_SERVER_API_KEY environment variable) every
 request carries `Authorization: Bearer <key>`, as the reward server started with `--api_key` requires.
 """
@@ -24,6 +28,7 @@ import time
 import requests
 from paddlenlp.utils.log import logger
 
+from paddle_alignment import watchdog
 from paddle_alignment.rewards import API_KEY_ENV, ScoredBatch
 
 
@@ -40,7 +45,7 @@ class RetryableError(Exception):
 
 
 class RewardServerClient:
-    def __init__(self, url, timeout=30.0, max_retries=3, backoff=1.0, api_key=None):
+    def __init__(self, url, timeout=30.0, max_retries=3, backoff=1.0, api_key=None, deadline=None):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"reward server url must start with http:// or https://, got {url!r}")
         if timeout <= 0:
@@ -53,6 +58,7 @@ class RewardServerClient:
         self.timeout = timeout
         self.max_retries = max_retries
         self.backoff = backoff
+        self.deadline = deadline
         self.session = requests.Session()
         api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
         if api_key:
@@ -98,13 +104,21 @@ class RewardServerClient:
 
     def _request(self, method, path, **kwargs):
         attempts = self.max_retries + 1
+        give_up = None if self.deadline is None else time.monotonic() + self.deadline.seconds()
         for attempt in range(1, attempts + 1):
+            left = math.inf if give_up is None else give_up - time.monotonic()
             try:
-                return self._request_once(method, path, **kwargs)
+                return self._request_once(method, path, min(self.timeout, max(left, 1e-3)), **kwargs)
             except RetryableError as error:
                 last_error = error
+            if give_up is not None and time.monotonic() >= give_up:
+                raise RewardServerError(
+                    f"reward server at {self.url} ({method} {path}) answered nothing within {self.deadline.describe()}, "
+                    f"after {watchdog.STEPS.done} RL steps; last error: {last_error}. Resume from the last checkpoint "
+                    "by running the same command again"
+                )
             if attempt < attempts:
-                wait = self.backoff * 2 ** (attempt - 1)
+                wait = min(self.backoff * 2 ** (attempt - 1), max(left, 0.0))
                 logger.warning(
                     f"reward server at {self.url} ({method} {path}): attempt {attempt}/{attempts} failed "
                     f"({last_error}); retrying in {wait:g}s"
@@ -114,9 +128,9 @@ class RewardServerClient:
             f"reward server at {self.url} stayed unreachable after {attempts} attempts; last error: {last_error}"
         )
 
-    def _request_once(self, method, path, **kwargs):
+    def _request_once(self, method, path, timeout, **kwargs):
         try:
-            answer = self.session.request(method, self.url + path, timeout=self.timeout, **kwargs)
+            answer = self.session.request(method, self.url + path, timeout=timeout, **kwargs)
         except (requests.ConnectionError, requests.Timeout) as error:
             raise RetryableError(f"{type(error).__name__}: {error}") from error
         body = json_object_or_none(answer)

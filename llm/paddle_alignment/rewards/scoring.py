@@ -9,6 +9,7 @@ report accuracy; `parts` the (min, max) of each part, for the accuracy of each.
 import paddle
 from paddlenlp.utils.log import logger
 
+from paddle_alignment import watchdog
 from paddle_alignment.data.datasets import encode_completion, pad_right
 from paddle_alignment.models.tensor_parallel import whole
 from paddle_alignment.rewards import REWARD_TASKS, ScoredBatch, get_reward_task
@@ -111,5 +112,8 @@ def build_reward_scorer(args, reward_model=None, reward_tokenizer=None):
         return RuleRewardScorer(args.reward_task)
     from paddle_alignment.rewards.client import RewardServerClient
 
-    client = RewardServerClient(args.reward_server, timeout=args.reward_server_timeout, max_retries=args.reward_server_max_retries)
+    client = RewardServerClient(
+        args.reward_server, timeout=args.reward_server_timeout, max_retries=args.reward_server_max_retries,
+        deadline=watchdog.Deadline(),
+    )
     return ServerRewardScorer(client, args.reward_task)

@@ -38,7 +38,7 @@ from paddle_alignment.checkpoints.folders import barrier
 from paddle_alignment.cpu_runtime import openmp_workers_sleep_when_idle
 from paddle_alignment.rollout import weights
 from paddle_alignment.rollout.engines import Rollout, RolloutBatch
-from paddle_alignment.rollout.watchdog import StepDeadline
+from paddle_alignment.watchdog import Deadline
 
 SAMPLER_MODULE = "paddle_alignment.rollout.sampler"
 POLL_MS = 500
@@ -112,7 +112,7 @@ class DecoupledRollout(Rollout):
         self.processes, self.socket_dir = [], None
         self.context = self.socket = self.sampler = None
         self.in_flight = deque()  # the policy version each request in flight names, oldest first
-        self.deadline = StepDeadline(args.rollout_timeout)
+        self.deadline = Deadline(args.rollout_timeout, "rollout_timeout")
         self.version = None
 
     # ---- life cycle ---------------------------------------------------------------------------------
@@ -130,7 +130,6 @@ class DecoupledRollout(Rollout):
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.connect(self.sampler["endpoint"])
-        self.deadline.begin()  # the samplers' start is not a step
 
     def start_samplers(self, worker, version):
         os.makedirs(self.folder, exist_ok=True)
@@ -233,7 +232,6 @@ class DecoupledRollout(Rollout):
         )
 
     def policy_updated(self, worker, version):
-        self.deadline.step_done()
         self.version = version
         if dist.get_rank() == 0:
             # A request names a version at most max_staleness steps old when sent, and other ranks may send

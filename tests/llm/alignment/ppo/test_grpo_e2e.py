@@ -1,15 +1,22 @@
 """GRPO end to end on the tiny config: in one process, resumed from a checkpoint, and under
 `paddle.distributed.launch` with two gloo data-parallel processes."""
 
+import itertools
 import json
 import os
+import re
+import threading
+import time
 
 import numpy as np
 import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
-from helpers import TINY_CONFIG, built_paddlenlp_ops, launch_two_processes, logged, overrides, run_grpo, running_reward_server, weights
+from helpers import (
+    TINY_CONFIG, built_paddlenlp_ops, launch_two_processes, logged, overrides, protocol_only_app, run_grpo,
+    running_reward_server, serving, weights,
+)
 from llm.alignment.ppo import run_ppo
 from paddle_alignment.data import PromptOnlyDataset
 from paddle_alignment.rewards import REWARD_TASKS, RewardTask, get_reward_task
@@ -136,6 +143,44 @@ def test_run_stops_when_the_reward_server_is_down(tiny_world, tmp_path):
             reward_server_timeout=0.5, reward_server_max_retries=1,
         )
     assert not (tmp_path / "policy").exists()
+
+
+def stalling_after(answers):
+    """The arith reward app (protocol only), answering `answers` scoring requests and holding every later one
+    open without an answer until the returned event is set (a reward server that hangs)."""
+    count, release = itertools.count(), threading.Event()
+
+    def app(environ, start_response):
+        if environ["REQUEST_METHOD"] == "POST" and next(count) >= answers:
+            release.wait()
+        return protocol_only_app(environ, start_response)
+
+    return app, release
+
+
+def test_a_hung_reward_server_ends_the_run_within_its_deadline_and_the_rerun_resumes(tiny_world, tmp_path):
+    """At the default settings: 10 x the slowest step and at least 60 s after the server stops answering, the
+    run stops naming the server and the steps done; from the last checkpoint the same command goes on."""
+    app, release = stalling_after(answers=4)  # the first steps' requests (no evaluation), then none
+    argv = dict(use_rm_server=True, use_rule_reward=False, max_steps=1000, eval_datasets="", save_steps=1)
+    try:
+        with serving(app) as url:
+            started = time.monotonic()
+            with pytest.raises(RewardServerError) as stopped:
+                run_grpo(tiny_world, tmp_path, reward_server=url, **argv)
+            waited = time.monotonic() - started
+    finally:
+        release.set()
+    message = str(stopped.value)
+    found = re.search(rf"reward server at {url} \(POST /\) answered nothing within (\d+) s \(10 x the slowest RL step "
+                      r"so far, [0-9.]+ s, and at least 60 s\), after (\d+) RL steps; last error: ReadTimeout", message)
+    assert found, message
+    deadline, done = int(found.group(1)), int(found.group(2))
+    assert done >= 1 and deadline <= waited < deadline + 45  # the run's start and its first steps, then the deadline
+    assert (tmp_path / f"checkpoint-{done}").exists() and not (tmp_path / "policy").exists()
+    with running_reward_server("arith") as url:
+        run_grpo(tiny_world, tmp_path, reward_server=url, **(argv | {"max_steps": done + 1}))
+    assert (tmp_path / f"checkpoint-{done + 1}").exists() and (tmp_path / "policy").exists()
 
 
 def test_fixed_seed_runs_are_identical_and_resume_continues_exactly(tiny_world, tmp_path):

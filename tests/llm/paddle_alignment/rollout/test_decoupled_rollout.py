@@ -22,7 +22,7 @@ from helpers import REPO_ROOT, TINY_CONFIG, built_paddlenlp_ops, launch_two_proc
 from helpers import weights as model_weights
 from llm.alignment.ppo import run_ppo
 from paddle_alignment.checkpoints import saving as checkpoint_io
-from paddle_alignment.rollout import ColocatedRollout, watchdog, weights
+from paddle_alignment.rollout import ColocatedRollout, weights
 from paddle_alignment.rollout.decode import ROLLOUT_OPS
 from paddle_alignment.rollout.decoupled import process_alive
 from paddle_alignment.rollout.worker import RolloutWorker
@@ -380,21 +380,6 @@ def test_a_version_published_without_the_check_is_refused(tiny_world, tmp_path):
     weights.publish(trainer.policy, str(tmp_path), 3, keep=0)  # no check arrays
     with pytest.raises(RuntimeError, match="policy version 3 .* was published without the weight-sync check's arrays"):
         sampler.update_weights(str(tmp_path), 3, 1, lambda: True, "rollout sampler 0 (cpu)")
-
-
-def test_the_deadline_follows_the_slowest_step(monkeypatch):
-    clock = [100.0]
-    monkeypatch.setattr(watchdog.time, "monotonic", lambda: clock[0])
-    deadline = watchdog.StepDeadline()
-    assert deadline.seconds() == watchdog.STARTUP_SECONDS  # loading models and the first batch
-    for seconds in (0.1, 0.3, 0.2):
-        clock[0] += seconds
-        deadline.step_done()
-    assert deadline.seconds() == watchdog.MIN_SECONDS  # 10 x 0.3 s is less than the floor
-    clock[0] += 20.0
-    deadline.step_done()
-    assert deadline.seconds() == pytest.approx(200.0) and "10 x the slowest RL step so far, 20.00 s" in deadline.describe()
-    assert watchdog.StepDeadline(override=5.0).seconds() == 5.0
 
 
 def test_a_frozen_sampler_ends_the_run_within_its_deadline_and_the_rerun_resumes(tiny_world, tmp_path):

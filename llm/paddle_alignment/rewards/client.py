@@ -105,20 +105,22 @@ class RewardServerClient:
     def _request(self, method, path, **kwargs):
         attempts = self.max_retries + 1
         give_up = None if self.deadline is None else time.monotonic() + self.deadline.seconds()
+        def left():
+            return math.inf if give_up is None else max(give_up - time.monotonic(), 0.0)
+
         for attempt in range(1, attempts + 1):
-            left = math.inf if give_up is None else give_up - time.monotonic()
             try:
-                return self._request_once(method, path, min(self.timeout, max(left, 1e-3)), **kwargs)
+                return self._request_once(method, path, min(self.timeout, max(left(), 1e-3)), **kwargs)
             except RetryableError as error:
                 last_error = error
-            if give_up is not None and time.monotonic() >= give_up:
+            if left() == 0:
                 raise RewardServerError(
                     f"reward server at {self.url} ({method} {path}) answered nothing within {self.deadline.describe()}, "
                     f"after {watchdog.STEPS.done} RL steps; last error: {last_error}. Resume from the last checkpoint "
                     "by running the same command again"
                 )
             if attempt < attempts:
-                wait = min(self.backoff * 2 ** (attempt - 1), max(left, 0.0))
+                wait = min(self.backoff * 2 ** (attempt - 1), left())
                 logger.warning(
                     f"reward server at {self.url} ({method} {path}): attempt {attempt}/{attempts} failed "
                     f"({last_error}); retrying in {wait:g}s"

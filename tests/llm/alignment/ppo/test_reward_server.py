@@ -14,6 +14,7 @@ import requests
 
 from flask import Flask, jsonify, request
 
+from paddle_alignment import watchdog
 from paddle_alignment.rewards import client as reward_client
 from paddle_alignment.rewards.client import RewardServerClient, RewardServerError
 from helpers import REPO_ROOT, protocol_only_app, running_reward_server, serving, serving_in_production, small_run_argv
@@ -310,6 +311,29 @@ def free_loopback_port():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def test_a_request_and_its_retries_end_at_the_deadline():
+    """A server that accepts and never answers: each attempt would wait 5 s, four of them 20; the deadline ends
+    the request after 1."""
+    release = threading.Event()
+
+    def hung(environ, start_response):
+        release.wait()
+        return protocol_only_app(environ, start_response)
+
+    steps = watchdog.StepClock()
+    try:
+        with serving(hung) as url:
+            client = RewardServerClient(url, timeout=5, max_retries=3, backoff=0.1,
+                                        deadline=watchdog.Deadline(1.0, "a test's deadline", steps))
+            start = time.perf_counter()
+            with pytest.raises(RewardServerError, match=rf"{url} \(POST /\) answered nothing within a test's deadline=1 s, "
+                                                        r"after \d+ RL steps; last error: ReadTimeout"):
+                client.score([SRC], [TGT], [RIGHT])
+            assert time.perf_counter() - start < 2
+    finally:
+        release.set()
 
 
 def test_client_against_a_dead_port_fails_after_bounded_retries():

@@ -103,6 +103,12 @@ def bounded_ratio(log_ratio):
     return paddle.exp(log_ratio.clip(-MAX_LOG_RATIO, MAX_LOG_RATIO))
 
 
+def k3_of_ratio(ratio, log_ratio):
+    """k3 per token, ratio - 1 - log ratio (the log-ratio clamped as `bounded_ratio` clamps it): with tokens
+    drawn from the ratio's denominator policy, an estimate of KL(denominator || numerator)."""
+    return ratio - 1.0 - log_ratio.clip(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+
+
 def ratio_stats(ratio, log_ratio, mask, low, high):
     """The statistics every ratio-based policy loss logs, over valid tokens: `clipfrac_low` / `clipfrac_high`
     (tokens the loss bounds below / above: `low`, `high` [B, R] bool), their sum `policy/clipfrac_avg`,
@@ -115,7 +121,7 @@ def ratio_stats(ratio, log_ratio, mask, low, high):
         "clipfrac_low": masked_mean(low, mask),
         "clipfrac_high": masked_mean(high, mask),
         "policy/clipfrac_avg": masked_mean(low + high, mask),
-        "policy/approxkl_avg": masked_mean(ratio - 1.0 - log_ratio.clip(-MAX_LOG_RATIO, MAX_LOG_RATIO), mask),
+        "policy/approxkl_avg": masked_mean(k3_of_ratio(ratio, log_ratio), mask),
         "val/ratio": ratio_mean,
         "val/ratio_var": masked_mean((ratio - ratio_mean) ** 2, mask),
     }

@@ -14,8 +14,7 @@ Thresholds: `upper` (rollout_is_threshold) and `lower` (rollout_is_threshold_low
 
 import paddle
 
-from paddle_alignment.algos.kl import MAX_LOG_RATIO
-from paddle_alignment.algos.losses import bounded_ratio
+from paddle_alignment.algos.losses import bounded_ratio, k3_of_ratio
 from paddle_alignment.algos.masked import masked_mean
 from paddle_alignment.algos.registry import ROLLOUT_CORRECTIONS
 
@@ -69,7 +68,7 @@ def geometric_mask(log_ratio, mask, upper, lower):
     weight 1 on the sequence's tokens where it lies in [lower, upper], 0 where not (verl's geometric
     `rollout_rs`; bounds such as 1.001 suit it, a mean over tokens being close to 1)."""
     tokens = mask.sum(axis=-1, keepdim=True).clip(min=1.0)
-    geometric = paddle.exp((sequence_log_ratio(log_ratio, mask) / tokens).clip(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    geometric = bounded_ratio(sequence_log_ratio(log_ratio, mask) / tokens)
     kept = inside(geometric, lower, upper)
     weights = kept * mask
     return weights, {"rollout_corr/masked_seq_frac": 1.0 - kept.mean(), "rollout_corr/masked_token_frac": zeroed_fraction(weights, mask)}
@@ -91,10 +90,9 @@ def mismatch_metrics(old_logprobs, rollout_logprobs, mask):
     log_ratio = old_logprobs - rollout_logprobs
     difference = log_ratio.abs() * mask
     ratio = bounded_ratio(log_ratio)
-    clamped = log_ratio.clip(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     return {
         "rollout_corr/logprob_diff_mean": masked_mean(difference, mask),
         "rollout_corr/logprob_diff_max": difference.max(),
         "rollout_corr/is_ratio_mean": masked_mean(ratio, mask),
-        "rollout_corr/k3_kl": masked_mean(ratio - 1.0 - clamped, mask),
+        "rollout_corr/k3_kl": masked_mean(k3_of_ratio(ratio, log_ratio), mask),
     }

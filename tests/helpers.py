@@ -192,6 +192,13 @@ RUN_PPO = os.path.join(REPO_ROOT, "llm", "alignment", "ppo", "run_ppo.py")
 def launch_two_processes(config, argv, log_dir, script=RUN_PPO):
     """`script` (run_ppo.py) `config` `argv` under `paddle.distributed.launch --nproc_per_node 2`; asserts it
     exits 0 (showing the tails of its logs if not) and returns the two ranks' worker logs."""
+    returncode, output, logs = launch_two(config, argv, log_dir, script)
+    assert returncode == 0, output[-3000:] + logs[0][-3000:] + logs[1][-3000:]
+    return logs
+
+
+def launch_two(config, argv, log_dir, script=RUN_PPO):
+    """The launch of launch_two_processes, whatever its exit: (exit code, the launcher's output, the worker logs)."""
     command = [
         sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(log_dir),
         script, config, *argv,
@@ -199,8 +206,7 @@ def launch_two_processes(config, argv, log_dir, script=RUN_PPO):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     logs = {rank: (log_dir / f"workerlog.{rank}").read_text(errors="replace") for rank in (0, 1)}
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + logs[0][-3000:] + logs[1][-3000:]
-    return logs
+    return result.returncode, result.stdout + result.stderr, logs
 
 
 def small_run_argv(world, output_dir, **changes):

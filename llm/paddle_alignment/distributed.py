@@ -5,6 +5,7 @@ data-parallel and sharding ranks hold different data. Sums over all ranks are th
 number of copies of each batch, and data is split over the data ranks only.
 """
 
+import contextlib
 import logging
 import os
 import sys
@@ -13,9 +14,19 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
 
+from paddle_alignment import watchdog
+
 
 def is_distributed():
     return dist.is_initialized() and dist.get_world_size() > 1
+
+
+def collective(what):
+    """A context in which this rank waits on the other ranks for `what`, under the watchdog's deadline (a
+    no-op in a single process)."""
+    if not is_distributed():
+        return contextlib.nullcontext()
+    return watchdog.guarded("collective", f"{what} over {dist.get_world_size()} ranks")
 
 
 def hybrid_communicate_group():
@@ -41,34 +52,40 @@ def rank_shard(size):
     return list(range(rank, size, ranks))
 
 
-def all_reduce_scalars(values, op=dist.ReduceOp.SUM):
-    """Reduce a dict of python floats over the data ranks with `op` (SUM, MAX or MIN); a no-op in a single
-    process. Each batch's copies on tensor- and pipeline-parallel ranks are counted once."""
+REDUCTION_NAMES = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "maximum", dist.ReduceOp.MIN: "minimum"}
+
+
+def all_reduce_scalars(values, op=dist.ReduceOp.SUM, what="metrics"):
+    """Reduce a dict of python floats (`what`, for the watchdog's messages) over the data ranks with `op` (SUM,
+    MAX or MIN); a no-op in a single process. Each batch's copies on tensor- and pipeline-parallel ranks are
+    counted once."""
     if not values or not is_distributed():
         return dict(values)
     keys = sorted(values)
     stacked = paddle.to_tensor([float(values[k]) for k in keys], dtype="float64")
     if op == dist.ReduceOp.SUM:
-        stacked = sum_over_data_ranks(stacked)
+        stacked = sum_over_data_ranks(stacked, what)
     else:
-        dist.all_reduce(stacked, op=op)
+        with collective(f"the {REDUCTION_NAMES[op]} of the {what}"):
+            dist.all_reduce(stacked, op=op)
     return dict(zip(keys, stacked.numpy().tolist()))
 
 
-def sum_over_data_ranks(tensor):
-    """The sum of `tensor` over the data ranks, each batch's copies on tensor- and pipeline-parallel ranks
-    counted once (a new tensor; the input itself in a single process)."""
+def sum_over_data_ranks(tensor, what="batch statistics"):
+    """The sum of `tensor` (`what`, for the watchdog's messages) over the data ranks, each batch's copies on
+    tensor- and pipeline-parallel ranks counted once (a new tensor; the input itself in a single process)."""
     if not is_distributed():
         return tensor
     total = tensor.clone()
-    dist.all_reduce(total)
+    with collective(f"the sum of the {what}"):
+        dist.all_reduce(total)
     return total / (dist.get_world_size() // data_parallel_rank_and_size()[1])
 
 
-def mean_over_ranks(values):
+def mean_over_ranks(values, what="metrics"):
     """Average per-rank metrics over the data ranks (each holds the same number of samples)."""
     ranks = data_parallel_rank_and_size()[1]
-    return {k: v / ranks for k, v in all_reduce_scalars(values).items()}
+    return {k: v / ranks for k, v in all_reduce_scalars(values, what=what).items()}
 
 
 def finish_distributed_run():

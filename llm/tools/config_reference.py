@@ -34,6 +34,7 @@ GROUP_TITLES = {
     "DecoupledRolloutArguments": "Decoupled rollout",
     "ParallelLayoutArguments": "Memory and layout",
     "LoggingArguments": "Logging",
+    "WatchdogArguments": "Watchdog",
     "ModelKernelArguments": "Model kernels",
 }
 

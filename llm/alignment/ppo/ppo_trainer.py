@@ -7,7 +7,6 @@ critic in `models/score_model.py`. paddlenlp's `Trainer` supplies the actor's op
 data-parallel wrapping, callbacks (progress bar, VisualDL) and RNG-state restore.
 """
 
-import contextlib
 import json
 import math
 import os
@@ -37,6 +36,7 @@ from paddle_alignment.checkpoints import saving as checkpoint_io
 from paddle_alignment.checkpoints.folders import barrier, output_dir_claimed
 from paddle_alignment.distributed import (
     all_reduce_scalars,
+    collective,
     data_parallel_rank_and_size,
     is_distributed,
     mean_over_ranks,
@@ -100,6 +100,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
             args, model, tokenizer, reward_scorer, reference_model, autocast=self.autocast_smart_context_manager
         )
         self.rollout = rollout or ColocatedRollout(self.rollout_worker)
+        watchdog.WATCHDOG.configure(args.watchdog_timeout)
         if args.uses_reference_model and reference_model is None and not is_lora(model):
             raise ValueError("the KL term needs a reference model (or a LoRA actor, whose base weights serve as one)")
         self.reward_normalizer = RunningMeanStd(1) if args.normalize_reward else None
@@ -440,8 +441,8 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
             if self.critic is not None:
                 critic_norm = self.optimizer_step(self.critic, self.critic_optimizer, self.critic_lr_scheduler)
                 grad_norms["critic_grad_norm"].append(critic_norm)
-        metrics = mean_over_ranks({k: v / len(steps) for k, v in shares.items()} | {k: v / count for k, v in means.items()})
-        metrics |= all_reduce_scalars(maxima, op=dist.ReduceOp.MAX)
+        metrics = mean_over_ranks({k: v / len(steps) for k, v in shares.items()} | {k: v / count for k, v in means.items()}, "update metrics")
+        metrics |= all_reduce_scalars(maxima, op=dist.ReduceOp.MAX, what="update metrics")
         metrics |= {name: float(np.mean(norms)) for name, norms in grad_norms.items() if norms}
         metrics["lr"] = self.lr_scheduler.get_lr()
         if self.critic is not None:
@@ -454,7 +455,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         """The micro-batches (row lists) of each optimizer step's rows, as many on every data rank (the ranks'
         backward passes must pair up): the most any rank needs."""
         counts = all_reduce_scalars({f"step_{i}": len(batching.split(exp, rows)) for i, rows in enumerate(steps)},
-                                    op=dist.ReduceOp.MAX)
+                                    op=dist.ReduceOp.MAX, what="micro-batch counts of the update")
         return [batching.split(exp, rows, int(counts[f"step_{i}"])) for i, rows in enumerate(steps)]
 
     def loss_scales(self, response_mask, steps):
@@ -464,7 +465,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         local = {}
         for i, rows in enumerate(steps):
             local[f"tokens_{i}"], local[f"sequences_{i}"] = float(tokens[rows].sum()), float(len(rows))
-        totals = all_reduce_scalars(local)
+        totals = all_reduce_scalars(local, what="token and response counts of the update")
         ranks = data_parallel_rank_and_size()[1]
         budget = self.args.max_dec_len
         return [LossScale(totals[f"tokens_{i}"], totals[f"sequences_{i}"], ranks, budget) for i in range(len(steps))]
@@ -474,7 +475,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         synchronised across data-parallel ranks only on the micro-batch that steps."""
         # fleet's hybrid-parallel wrappers have no no_sync: their optimizer reduces gradients when it steps.
         deferred = not steps_now and is_distributed() and hasattr(wrapped, "no_sync")
-        sync = wrapped.no_sync() if deferred else contextlib.nullcontext()
+        sync = wrapped.no_sync() if deferred else collective("the backward pass's gradient all-reduce")
         with sync:
             loss, stats = loss_fn(micro, scale)
             loss.backward()
@@ -509,7 +510,8 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         """Clip (by the optimizer's global-norm clip), step, schedule; returns the pre-clip norm of the step's
         gradients (of the whole batch, over every rank)."""
         if isinstance(optimizer, HybridParallelOptimizer):
-            grad_norm = hybrid_parallel_step(optimizer)
+            with collective("the optimizer step's gradient reduction"):
+                grad_norm = hybrid_parallel_step(optimizer)
         else:
             # paddle.DataParallel has all-reduced the gradients during backward.
             grad_norm = gradient_norm(model.parameters())
@@ -542,7 +544,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
             local["val/value_mean"] = float(masked_mean(exp.values, exp.response_mask))
             local["val/explained_variance"] = float(explained_variance(exp.values, exp.returns, exp.response_mask))
         local |= {k: v for k, v in generation.items() if k != "rollout_seconds"}
-        metrics = mean_over_ranks(local)
+        metrics = mean_over_ranks(local, "rollout metrics")
         totals = all_reduce_scalars(
             {
                 "rate": float(lengths.sum()) / max(generation["rollout_seconds"], 1e-9),
@@ -585,7 +587,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
                 totals["correct"] += sum(s >= self.reward_scorer.max_score for s in scores)
             totals["reward"] += sum(scores)
             totals["count"] += len(scores)
-        totals = all_reduce_scalars(totals)
+        totals = all_reduce_scalars(totals, what="evaluation totals")
         metrics = {f"{metric_key_prefix}_reward_mean": totals["reward"] / totals["count"]}
         if self.reward_scorer.max_score is not None:
             metrics[f"{metric_key_prefix}_accuracy"] = totals["correct"] / totals["count"]

@@ -17,7 +17,7 @@ from paddlenlp.trainer.trainer import TRAINER_STATE_NAME
 from paddlenlp.trainer.trainer_utils import _re_checkpoint
 from paddlenlp.utils.log import logger
 
-from paddle_alignment.distributed import hybrid_communicate_group, is_distributed
+from paddle_alignment.distributed import collective, hybrid_communicate_group, is_distributed
 
 
 def collect_rng_states():
@@ -34,13 +34,15 @@ def collect_rng_states():
     if not is_distributed():
         return [state]
     states = []
-    dist.all_gather_object(states, state)
+    with collective("the gathering of the RNG states"):
+        dist.all_gather_object(states, state)
     return states
 
 
 def barrier():
     if is_distributed():
-        dist.barrier()
+        with collective("a barrier"):
+            dist.barrier()
 
 
 RUN_LOCK_NAME = ".run.lock"

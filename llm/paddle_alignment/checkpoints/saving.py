@@ -37,7 +37,8 @@ from paddle_alignment.checkpoints.folders import (
     optimizer_state_by_structured_name,
     rotate_checkpoints,
 )
-from paddle_alignment.distributed import is_distributed
+from paddle_alignment import watchdog
+from paddle_alignment.distributed import collective, is_distributed
 from paddle_alignment.models.hf_layout import save_hf_folder
 from paddle_alignment.models.lora_utils import is_lora, merged_state_dict
 from paddle_alignment.models.tensor_parallel import complete_state_dict, is_tensor_parallel, local_state, set_local_state
@@ -117,7 +118,8 @@ def final_models(trainer):
 def save_final_models(trainer):
     """output_dir/policy, output_dir/value ..., each written to a temp folder and renamed when complete."""
     for final in final_models(trainer):
-        with atomic_directory(os.path.join(trainer.args.output_dir, final.folder)) as tmp:
+        path = os.path.join(trainer.args.output_dir, final.folder)
+        with watchdog.guarded("checkpoint write", f"the final model {path}"), atomic_directory(path) as tmp:
             save_model(final.model, tmp, trainer.tokenizer, final.merge_lora, final.hf_layout)
 
 
@@ -161,7 +163,7 @@ def save_checkpoint(trainer):
     args = trainer.args
     path = os.path.join(args.output_dir, f"checkpoint-{trainer.state.global_step}")
     rng_states = collect_rng_states()
-    with atomic_directory(path) as tmp:
+    with watchdog.guarded("checkpoint write", path), atomic_directory(path) as tmp:
         for part in trained_models(trainer):
             save_model(part.model, os.path.join(tmp, part.folder), trainer.tokenizer)
             if not args.ignore_save_lr_and_optim:
@@ -264,7 +266,8 @@ def check_complete(path, names):
     missing = [name for name in names if not os.path.isfile(os.path.join(path, name))]
     if is_distributed():
         gathered = []
-        dist.all_gather_object(gathered, missing)
+        with collective("the gathering of missing checkpoint files"):
+            dist.all_gather_object(gathered, missing)
         missing = sorted(set(sum(gathered, [])))
     if not missing:
         return

@@ -620,9 +620,24 @@ class LoggingArguments:
 
 
 @dataclass
+class WatchdogArguments:
+    """Parameters that bound the waits with no timeout of their own (docs/troubleshooting.md, "Hangs")."""
+
+    watchdog_timeout: Optional[float] = field(
+        default=None,
+        metadata={"help": "Seconds a collective, a checkpoint write or a weight publication may last before the watchdog ends the process, naming the wait (default: derived from the steps so far, 10 x the slowest and at least 60 s; 1800 s before the first step)."},
+    )
+
+    def validate_watchdog(self):
+        if self.watchdog_timeout is not None and self.watchdog_timeout <= 0:
+            raise ValueError(f"watchdog_timeout must be positive (or unset: derived from the steps), got {self.watchdog_timeout}")
+
+
+@dataclass
 class RLTrainingArguments(
     BatchSizeArguments, RolloutArguments, AlgorithmArguments, ScheduleArguments, RewardArguments, CriticArguments,
-    DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments, ModelKernelArguments, TrainingArguments,
+    DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments, WatchdogArguments, ModelKernelArguments,
+    TrainingArguments,
 ):
     """The training arguments of run_ppo: paddlenlp's TrainingArguments and the groups above, as one flat set of
     keys (PaddleNLP's configs keep parsing); each group validates its own keys."""
@@ -646,6 +661,7 @@ class RLTrainingArguments(
         self.validate_schedule()
         self.validate_batch_sizes()
         self.validate_rollout_mode()
+        self.validate_watchdog()
 
     def apply_paddlenlp_switches(self):
         """PaddleNLP's keys that switch other keys: autotuner_benchmark, offload_optim, and grpo's reward and
@@ -699,7 +715,7 @@ def check_non_negative(args, keys):
 
 GROUPS = (
     BatchSizeArguments, RolloutArguments, AlgorithmArguments, ScheduleArguments, RewardArguments, CriticArguments,
-    DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments, ModelKernelArguments,
+    DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments, WatchdogArguments, ModelKernelArguments,
 )
 
 

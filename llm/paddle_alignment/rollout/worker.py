@@ -14,18 +14,26 @@ import time
 import paddle
 from paddlenlp.utils.log import logger
 
+from paddle_alignment import watchdog
+from paddle_alignment.distributed import collective, is_distributed
 from paddle_alignment.experience import Experience
 from paddle_alignment.micro_batches import MicroBatching
 from paddle_alignment.models.head_logprobs import head_token_stats
 from paddle_alignment.models.lora_utils import adapters_disabled
 from paddle_alignment.models.native_forward import NativeDecoder
 from paddle_alignment.models.ppo_model_utils import response_labels, response_token_stats
-from paddle_alignment.models.tensor_parallel import whole
+from paddle_alignment.models.tensor_parallel import is_tensor_parallel, whole
 from paddle_alignment.offload import OffloadPlan
 from paddle_alignment.rollout import sync_check, weights
 from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
 
 MAX_LOGGED_ROW_ERRORS = 8  # of one batch: the count is logged too
+
+
+def tensor_parallel_waits(model, what):
+    """`what`, guarded as a collective when `model` is split over ranks (its layers wait on each other)."""
+    split = is_distributed() and is_tensor_parallel(model)  # scanning the parameters only when it can be
+    return collective(f"tensor-parallel {what}") if split else contextlib.nullcontext()
 
 
 class RolloutWorker:
@@ -67,7 +75,7 @@ class RolloutWorker:
         """`rollout_n` rollouts of each prompt, decoded per_device_rollout_batch_size prompts at a time (the
         i-th from seed + i); see generate_rollouts."""
         size = self.args.per_device_rollout_batch_size
-        with self.offload.on_device("train_model"), self.autocast():
+        with self.offload.on_device("train_model"), self.autocast(), tensor_parallel_waits(self.policy, "decoding"):
             parts = [
                 generate_rollouts(
                     self.policy, self.tokenizer, prompts[start : start + size], self.args.rollout_n, self.sampling,
@@ -124,7 +132,8 @@ class RolloutWorker:
                 head = native.lm_head
                 return head_token_stats(hidden, head.weight, head.transpose, response_labels(micro), temperature, chunk_tokens)[0]
 
-        return MicroBatching.from_args(self.args, self.args.per_device_logprob_batch_size).run(exp, logprobs_of)
+        with tensor_parallel_waits(model, "the log-prob forward"):
+            return MicroBatching.from_args(self.args, self.args.per_device_logprob_batch_size).run(exp, logprobs_of)
 
     def compute_reference_logprobs(self, exp):
         """The reference model's log-probs; for a LoRA policy without a separate reference, the policy's own
@@ -147,5 +156,6 @@ class RolloutWorker:
 
     def publish_weights(self, folder, version, keep):
         """Publish the policy as `version` into `folder` (decoupled rollout), with the weight-sync check's arrays."""
-        check = sync_check.record(self) if self.args.rollout_sync_check else None
-        weights.publish(self.policy, folder, version, keep, check)
+        with watchdog.guarded("weight publication", f"policy version {version} into {folder}"):
+            check = sync_check.record(self) if self.args.rollout_sync_check else None
+            weights.publish(self.policy, folder, version, keep, check)

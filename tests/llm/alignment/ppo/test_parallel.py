@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,12 +14,13 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM
 
-from helpers import REPO_ROOT, launch_two_processes, numpy_gae, paddlenlp_messages, parse, run_probe, small_run_argv
+from helpers import REPO_ROOT, launch_two, launch_two_processes, numpy_gae, paddlenlp_messages, parse, run_probe, small_run_argv
 from paddle_alignment.config.arguments import check_parallel_degrees
 
 PROBES = os.path.join(REPO_ROOT, "tests", "probes")
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
 FIRST_STEP_PROBE = os.path.join(PROBES, "grpo_first_step.py")
+FROZEN_RUN = os.path.join(PROBES, "frozen_run.py")
 
 
 def layout(**changes):
@@ -231,6 +233,23 @@ def test_sharding_run_restarted_after_a_crash_ends_exactly_as_the_uninterrupted_
     shutil.copytree(output_dir / "checkpoint-2", crashed / "checkpoint-2")
     logs = launch_two_processes(TINY_CONFIG, sharded_argv(tiny_world, crashed), tmp_path / "log")
     assert_resumed_run_ends_as_uninterrupted(logs[0], crashed, output_dir, straight_metrics, "shard")
+
+
+@pytest.mark.slow
+def test_a_stopped_peer_ends_the_run_naming_the_collective_and_the_rerun_resumes_exactly(tiny_world, sharded_run, tmp_path):
+    """Rank 1 stops itself (SIGSTOP) after writing checkpoint-2 (tests/probes/frozen_run.py): rank 0's next
+    collective fails at gloo's 30 s timeout on CPU, and the run stops naming the collective, the step and the
+    last event; the same command resumes from checkpoint-2 and ends as the uninterrupted run, bit for bit."""
+    output_dir, straight_metrics = sharded_run
+    started = time.monotonic()
+    code, output, logs = launch_two("rank-1:2", [TINY_CONFIG, *sharded_argv(tiny_world, tmp_path / "out")], tmp_path / "log", FROZEN_RUN)
+    assert code != 0 and time.monotonic() - started < 150, output[-3000:]
+    assert re.search(
+        r"collective failed after 3\d s \(.*TIMEOUT.*\): .* over 2 ranks; after RL step 2; the last event before it: ",
+        logs[0],
+    ), logs[0][-3000:]
+    logs = launch_two_processes(TINY_CONFIG, sharded_argv(tiny_world, tmp_path / "out"), tmp_path / "rerun_log")
+    assert_resumed_run_ends_as_uninterrupted(logs[0], tmp_path / "out", output_dir, straight_metrics, "shard")
 
 
 def assert_resumed_run_ends_as_uninterrupted(log, resumed_dir, straight_dir, straight_metrics, part):

@@ -1,0 +1,47 @@
+"""run_ppo with one part frozen for good, as a stalled file system or a stopped peer would freeze it:
+
+    python tests/probes/frozen_run.py checkpoint-write:N CONFIG.json [--key value ...]
+    python -m paddle.distributed.launch --nproc_per_node 2 tests/probes/frozen_run.py rank-1:N CONFIG.json ...
+
+`checkpoint-write:N`: writing checkpoint-N blocks forever (inside the checkpoint's temp folder, as a write to a
+hung disk). `rank-1:N`: rank 1 stops itself (SIGSTOP) once checkpoint-N is written, so the other rank's next
+collective never completes. Everything else is run_ppo's own, the watchdog included.
+"""
+
+import os
+import signal
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from llm.alignment.ppo import run_ppo  # noqa: E402  (configures the CPU runtime before paddle loads)
+from paddle_alignment.checkpoints import saving  # noqa: E402
+
+
+def freeze_checkpoint_write(step):
+    save_model = saving.save_model
+
+    def stalling(model, folder, *args, **kwargs):
+        if f"checkpoint-{step}" in folder:
+            threading.Event().wait()
+        return save_model(model, folder, *args, **kwargs)
+
+    saving.save_model = stalling
+
+
+def freeze_rank_1(step):
+    save_checkpoint = saving.save_checkpoint
+
+    def stopping(trainer):
+        save_checkpoint(trainer)
+        if trainer.state.global_step == step and int(os.environ.get("PADDLE_TRAINER_ID", "0")) == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    saving.save_checkpoint = stopping
+
+
+if __name__ == "__main__":
+    what, step = sys.argv[1].split(":")
+    {"checkpoint-write": freeze_checkpoint_write, "rank-1": freeze_rank_1}[what](int(step))
+    run_ppo.main(sys.argv[2:])

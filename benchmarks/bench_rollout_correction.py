@@ -30,6 +30,7 @@ configure_cpu_runtime()  # before paddle loads
 from llm.alignment.ppo.run_ppo import build_trainer  # noqa: E402
 from paddle_alignment.algos import ROLLOUT_CORRECTIONS  # noqa: E402
 from paddle_alignment.rollout import worker as rollout_worker  # noqa: E402
+from plot_curves import read_scalars  # noqa: E402  (this folder's)
 
 CONFIG = "config/tiny/grpo_argument.json"
 SHOWN = ("rollout_corr/is_ratio_mean", "rollout_corr/logprob_diff_mean", "rollout_corr/k3_kl", "rollout_corr/weight_mean",
@@ -47,17 +48,9 @@ def sampler_at(temperature):
     rollout_worker.SamplingConfig.from_args = classmethod(from_args)
 
 
-def scalars(log_dir):
+def train_scalars(log_dir):
     """{tag: {step: value}} of the `train/` scalars in the VisualDL logs of `log_dir`."""
-    from visualdl import LogReader
-
-    curves = {}
-    for name in sorted(os.listdir(log_dir)):
-        with LogReader(file_path=os.path.join(log_dir, name)) as reader:
-            for tag in reader.get_tags().get("scalar", []):
-                if tag.startswith("train/"):
-                    curves[tag[len("train/"):]] = {r.id: r.value for r in reader.get_data("scalar", tag)}
-    return curves
+    return {tag[len("train/"):]: dict(points) for tag, points in read_scalars(log_dir).items() if tag.startswith("train/")}
 
 
 def run(setting, args, work):
@@ -71,7 +64,7 @@ def run(setting, args, work):
         argv += ["--max_steps", str(args.steps), "--logging_steps", str(min(10, args.steps))]
     build_trainer(argv).train()
     with open(os.path.join(output, "eval_results.json")) as f:
-        return json.load(f)["eval_accuracy"], scalars(os.path.join(output, "vdl_log"))
+        return json.load(f)["eval_accuracy"], train_scalars(os.path.join(output, "vdl_log"))
 
 
 def main():

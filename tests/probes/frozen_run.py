@@ -1,10 +1,11 @@
 """run_ppo with one part frozen for good, as a stalled file system or a stopped peer would freeze it:
 
     python tests/probes/frozen_run.py checkpoint-write:N CONFIG.json [--key value ...]
+    python tests/probes/frozen_run.py weight-publication:N CONFIG.json --rollout_mode decoupled ...
     python -m paddle.distributed.launch --nproc_per_node 2 tests/probes/frozen_run.py rank-1:N CONFIG.json ...
 
 `checkpoint-write:N`: writing checkpoint-N blocks forever (inside the checkpoint's temp folder, as a write to a
-hung disk). `rank-1:N`: rank 1 stops itself (SIGSTOP) once checkpoint-N is written, so the other rank's next
+hung disk). `weight-publication:N`: publishing policy version N for the samplers blocks forever. `rank-1:N`: rank 1 stops itself (SIGSTOP) once checkpoint-N is written, so the other rank's next
 collective never completes. Everything else is run_ppo's own, the watchdog included.
 """
 
@@ -17,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from llm.alignment.ppo import run_ppo  # noqa: E402  (configures the CPU runtime before paddle loads)
 from paddle_alignment.checkpoints import saving  # noqa: E402
+from paddle_alignment.rollout import weights  # noqa: E402
 
 
 def freeze_checkpoint_write(step):
@@ -28,6 +30,17 @@ def freeze_checkpoint_write(step):
         return save_model(model, folder, *args, **kwargs)
 
     saving.save_model = stalling
+
+
+def freeze_weight_publication(version):
+    publish = weights.publish
+
+    def stalling(model, folder, published, *args, **kwargs):
+        if published == version:
+            threading.Event().wait()
+        return publish(model, folder, published, *args, **kwargs)
+
+    weights.publish = stalling
 
 
 def freeze_rank_1(step):
@@ -43,5 +56,6 @@ def freeze_rank_1(step):
 
 if __name__ == "__main__":
     what, step = sys.argv[1].split(":")
-    {"checkpoint-write": freeze_checkpoint_write, "rank-1": freeze_rank_1}[what](int(step))
+    freezes = {"checkpoint-write": freeze_checkpoint_write, "weight-publication": freeze_weight_publication, "rank-1": freeze_rank_1}
+    freezes[what](int(step))
     run_ppo.main(sys.argv[2:])

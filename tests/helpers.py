@@ -4,6 +4,7 @@ parsing and NumPy references that test files in several folders use."""
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -272,6 +273,36 @@ def logged(log_dir, tag):
 
 def run_grpo(world, output_dir, **changes):
     run_ppo.main([TINY_CONFIG, *overrides(world, str(output_dir), **changes)])
+
+
+FROZEN_RUN = os.path.join(REPO_ROOT, "tests", "probes", "frozen_run.py")
+
+
+def run_grpo_process(world, output_dir, freeze=None, **changes):
+    """run_grpo as a process of its own (as a user's run is: a run inside the test process computes on other
+    threads, so its last bits differ), or tests/probes/frozen_run.py with `freeze` ("what:N"); the finished
+    process."""
+    script = [FROZEN_RUN, freeze] if freeze else [RUN_PPO]
+    argv = [sys.executable, *script, TINY_CONFIG, *overrides(world, str(output_dir), **changes)]
+    return subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+
+def assert_frozen_run_resumes_as_uninterrupted(world, tmp_path, freeze, message, **changes):
+    """A run frozen by `freeze` ends with the watchdog's exit code and `message` (a regex) in its log; the same
+    command then resumes and ends on the weights of an uninterrupted run, bit for bit. Returns the resumed
+    run's log."""
+    from paddle_alignment import watchdog
+
+    assert run_grpo_process(world, tmp_path / "straight", **changes).returncode == 0
+    frozen = run_grpo_process(world, tmp_path / "out", freeze, **changes)
+    assert frozen.returncode == watchdog.EXIT_CODE, frozen.stderr[-3000:]
+    assert re.search(message, frozen.stderr), frozen.stderr[-3000:]
+    resumed = run_grpo_process(world, tmp_path / "out", **changes)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    straight, ended = weights(tmp_path / "straight" / "policy"), weights(tmp_path / "out" / "policy")
+    for name in straight:
+        np.testing.assert_array_equal(ended[name], straight[name], err_msg=name)
+    return resumed.stderr
 
 
 def weights(path):

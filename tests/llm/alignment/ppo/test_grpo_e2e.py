@@ -5,8 +5,6 @@ import itertools
 import json
 import os
 import re
-import subprocess
-import sys
 import threading
 import time
 
@@ -16,18 +14,15 @@ import pytest
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import (
-    REPO_ROOT, TINY_CONFIG, built_paddlenlp_ops, launch_two_processes, logged, overrides, protocol_only_app, run_grpo,
+    TINY_CONFIG, assert_frozen_run_resumes_as_uninterrupted, built_paddlenlp_ops, launch_two_processes, logged, overrides, protocol_only_app, run_grpo,
     running_reward_server, serving, weights,
 )
 from llm.alignment.ppo import run_ppo
-from paddle_alignment import watchdog
 from paddle_alignment.data import PromptOnlyDataset
 from paddle_alignment.rewards import REWARD_TASKS, RewardTask, get_reward_task
 from paddle_alignment.rewards.arith import arith_reward
 from paddle_alignment.rewards.client import RewardServerError
 from paddle_alignment.rollout.decode import ROLLOUT_OPS, SamplingConfig, generate_rollouts
-
-FROZEN_RUN = os.path.join(REPO_ROOT, "tests", "probes", "frozen_run.py")
 
 def test_three_grpo_steps_through_the_reward_server(tiny_world, tmp_path):
     with running_reward_server("arith") as url:
@@ -190,28 +185,15 @@ def test_a_hung_reward_server_ends_the_run_within_its_deadline_and_the_rerun_res
 
 def test_a_stalled_checkpoint_write_ends_the_run_naming_it_and_the_rerun_ends_as_an_uninterrupted_run(tiny_world, tmp_path):
     """Writing checkpoint-4 blocks forever (tests/probes/frozen_run.py): the watchdog ends the process within
-    watchdog_timeout, naming the write, the step and the last event; checkpoint-2 stays complete, and the same
-    command resumes from it and ends on the uninterrupted run's weights. (Each run is a process of its own,
-    as a user's runs are: a run inside the test process computes on other threads, so its last bits differ.)"""
-
-    def run(output_dir, *frozen):  # frozen: the probe's "what:N"
-        argv = overrides(tiny_world, str(output_dir), max_steps=6, eval_steps=0, save_steps=2, watchdog_timeout=3)
-        script = [FROZEN_RUN, *frozen] if frozen else [run_ppo.__file__]
-        return subprocess.run([sys.executable, *script, TINY_CONFIG, *argv], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-
-    assert run(tmp_path / "straight").returncode == 0
-    frozen = run(tmp_path / "out", "checkpoint-write:4")
-    assert frozen.returncode == watchdog.EXIT_CODE, frozen.stderr[-3000:]
-    assert re.search(
-        rf"watchdog: checkpoint write did not finish within watchdog_timeout=3 s: {tmp_path / 'out' / 'checkpoint-4'}; "
-        r"after RL step 4; the last event before it: RL step 4 done, 0\.\d+ s before it began\.", frozen.stderr,
-    ), frozen.stderr[-3000:]
-    assert (tmp_path / "out" / "checkpoint-2").is_dir() and not (tmp_path / "out" / "checkpoint-4").exists()
-    resumed = run(tmp_path / "out")
-    assert resumed.returncode == 0 and "resumed from" in resumed.stderr + resumed.stdout, resumed.stderr[-3000:]
-    straight, resumed = weights(tmp_path / "straight" / "policy"), weights(tmp_path / "out" / "policy")
-    for name in straight:
-        np.testing.assert_array_equal(resumed[name], straight[name], err_msg=name)
+    watchdog_timeout, naming the write, the step and the last event; checkpoint-4 is not taken for complete,
+    and the same command resumes from checkpoint-2 and ends on the uninterrupted run's weights."""
+    out = tmp_path / "out"
+    message = (rf"watchdog: checkpoint write did not finish within watchdog_timeout=3 s: {out / 'checkpoint-4'}; after RL "
+               r"step 4; the last event before it: RL step 4 done, 0\.\d+ s before it began\.")
+    log = assert_frozen_run_resumes_as_uninterrupted(
+        tiny_world, tmp_path, "checkpoint-write:4", message, max_steps=6, eval_steps=0, save_steps=2, watchdog_timeout=3,
+    )
+    assert f"resumed from {out / 'checkpoint-2'} at step 2" in log
 
 
 def test_fixed_seed_runs_are_identical_and_resume_continues_exactly(tiny_world, tmp_path):

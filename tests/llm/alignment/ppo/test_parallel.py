@@ -14,13 +14,12 @@ import paddle
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM
 
-from helpers import REPO_ROOT, launch_two, launch_two_processes, numpy_gae, paddlenlp_messages, parse, run_probe, small_run_argv
+from helpers import FROZEN_RUN, REPO_ROOT, launch_two, launch_two_processes, numpy_gae, paddlenlp_messages, parse, run_probe, small_run_argv
 from paddle_alignment.config.arguments import check_parallel_degrees
 
 PROBES = os.path.join(REPO_ROOT, "tests", "probes")
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
 FIRST_STEP_PROBE = os.path.join(PROBES, "grpo_first_step.py")
-FROZEN_RUN = os.path.join(PROBES, "frozen_run.py")
 
 
 def layout(**changes):

@@ -18,10 +18,9 @@ import pytest
 from paddlenlp.transformers import AutoModelForCausalLM
 from safetensors.numpy import load_file
 
-from helpers import REPO_ROOT, TINY_CONFIG, built_paddlenlp_ops, launch_two_processes, overrides, running_reward_server
+from helpers import REPO_ROOT, TINY_CONFIG, assert_frozen_run_resumes_as_uninterrupted, built_paddlenlp_ops, launch_two_processes, overrides, running_reward_server
 from helpers import weights as model_weights
 from llm.alignment.ppo import run_ppo
-from paddle_alignment import watchdog
 from paddle_alignment.checkpoints import saving as checkpoint_io
 from paddle_alignment.rollout import ColocatedRollout, weights
 from paddle_alignment.rollout.decode import ROLLOUT_OPS
@@ -261,24 +260,11 @@ def test_a_stalled_weight_publication_ends_the_run_naming_it_and_the_rerun_ends_
     """Publishing policy version 3 blocks forever (tests/probes/frozen_run.py): the trainer's watchdog ends it
     within watchdog_timeout, naming the publication, the step and the last event; its sampler exits with it,
     and the same command resumes from checkpoint-2 and ends on the uninterrupted run's weights."""
-
-    def run(output_dir, *frozen):  # frozen: the probe's "what:N"
-        argv = overrides(tiny_world, str(output_dir), **{**QUICK, "max_steps": 6, "watchdog_timeout": 3})
-        script = [os.path.join(REPO_ROOT, "tests", "probes", "frozen_run.py"), *frozen] if frozen else [run_ppo.__file__]
-        return subprocess.run([sys.executable, *script, TINY_CONFIG, *argv], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-
-    assert run(tmp_path / "straight").returncode == 0
-    frozen = run(tmp_path / "out", "weight-publication:3")
-    assert frozen.returncode == watchdog.EXIT_CODE, frozen.stderr[-3000:]
-    assert re.search(
-        rf"watchdog: weight publication did not finish within watchdog_timeout=3 s: policy version 3 into "
-        rf"{tmp_path / 'out' / 'rollout'}; after RL step 3; the last event before it: RL step 3 done", frozen.stderr,
-    ), frozen.stderr[-3000:]
-    resumed = run(tmp_path / "out")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    straight, resumed = model_weights(tmp_path / "straight" / "policy"), model_weights(tmp_path / "out" / "policy")
-    for name in straight:
-        np.testing.assert_array_equal(resumed[name], straight[name], err_msg=name)
+    message = (rf"watchdog: weight publication did not finish within watchdog_timeout=3 s: policy version 3 into "
+               rf"{tmp_path / 'out' / 'rollout'}; after RL step 3; the last event before it: RL step 3 done")
+    assert_frozen_run_resumes_as_uninterrupted(
+        tiny_world, tmp_path, "weight-publication:3", message, **{**QUICK, "max_steps": 6, "watchdog_timeout": 3}
+    )
 
 
 def sampler_pid(output_dir, timeout=120):

@@ -8,7 +8,9 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -287,22 +289,26 @@ def run_grpo_process(world, output_dir, freeze=None, **changes):
     return subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
 
 
-def assert_frozen_run_resumes_as_uninterrupted(world, tmp_path, freeze, message, **changes):
-    """A run frozen by `freeze` ends with the watchdog's exit code and `message` (a regex) in its log; the same
-    command then resumes and ends on the weights of an uninterrupted run, bit for bit. Returns the resumed
-    run's log."""
+def assert_frozen_run_resumes_as_uninterrupted(world, tmp_path, freeze, message, exit_code=None, frozen_changes=None, **changes):
+    """A run frozen by `freeze` (frozen_run.py's "what:N", or None with `frozen_changes`, e.g. a hung reward
+    server's URL) ends with `exit_code` (default the watchdog's) and `message` (a regex) in its log; the same
+    command then resumes and ends on the weights of an uninterrupted run, bit for bit. Returns the frozen run's
+    log and seconds and the resumed run's log."""
     from paddle_alignment import watchdog
 
     assert run_grpo_process(world, tmp_path / "straight", **changes).returncode == 0
-    frozen = run_grpo_process(world, tmp_path / "out", freeze, **changes)
-    assert frozen.returncode == watchdog.EXIT_CODE, frozen.stderr[-3000:]
-    assert re.search(message, frozen.stderr), frozen.stderr[-3000:]
+    started = time.monotonic()
+    frozen = run_grpo_process(world, tmp_path / "out", freeze, **{**changes, **(frozen_changes or {})})
+    seconds = time.monotonic() - started
+    assert frozen.returncode == (watchdog.EXIT_CODE if exit_code is None else exit_code), frozen.stderr[-3000:]
+    found = re.search(message, frozen.stderr)
+    assert found, frozen.stderr[-3000:]
     resumed = run_grpo_process(world, tmp_path / "out", **changes)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     straight, ended = weights(tmp_path / "straight" / "policy"), weights(tmp_path / "out" / "policy")
     for name in straight:
         np.testing.assert_array_equal(ended[name], straight[name], err_msg=name)
-    return resumed.stderr
+    return SimpleNamespace(found=found, log=frozen.stderr, seconds=seconds, resumed_log=resumed.stderr)
 
 
 def weights(path):

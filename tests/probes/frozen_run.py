@@ -5,7 +5,8 @@
     python -m paddle.distributed.launch --nproc_per_node 2 tests/probes/frozen_run.py rank-1:N CONFIG.json ...
 
 `checkpoint-write:N`: writing checkpoint-N blocks forever (inside the checkpoint's temp folder, as a write to a
-hung disk). `weight-publication:N`: publishing policy version N for the samplers blocks forever. `rank-1:N`: rank 1 stops itself (SIGSTOP) once checkpoint-N is written, so the other rank's next
+hung disk). `weight-publication:N`: publishing policy version N for the samplers blocks forever.
+`sampler:N`: the trainer stops its samplers (SIGSTOP) once checkpoint-N is written. `rank-1:N`: rank 1 stops itself (SIGSTOP) once checkpoint-N is written, so the other rank's next
 collective never completes. Everything else is run_ppo's own, the watchdog included.
 """
 
@@ -43,6 +44,18 @@ def freeze_weight_publication(version):
     weights.publish = stalling
 
 
+def freeze_samplers(step):
+    save_checkpoint = saving.save_checkpoint
+
+    def stopping(trainer):
+        save_checkpoint(trainer)
+        if trainer.state.global_step == step:
+            for sampler in trainer.rollout.processes:
+                os.kill(sampler.pid, signal.SIGSTOP)
+
+    saving.save_checkpoint = stopping
+
+
 def freeze_rank_1(step):
     save_checkpoint = saving.save_checkpoint
 
@@ -56,6 +69,9 @@ def freeze_rank_1(step):
 
 if __name__ == "__main__":
     what, step = sys.argv[1].split(":")
-    freezes = {"checkpoint-write": freeze_checkpoint_write, "weight-publication": freeze_weight_publication, "rank-1": freeze_rank_1}
+    freezes = {
+        "checkpoint-write": freeze_checkpoint_write, "weight-publication": freeze_weight_publication,
+        "sampler": freeze_samplers, "rank-1": freeze_rank_1,
+    }
     freezes[what](int(step))
     run_ppo.main(sys.argv[2:])

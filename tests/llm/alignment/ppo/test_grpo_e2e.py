@@ -4,9 +4,7 @@
 import itertools
 import json
 import os
-import re
 import threading
-import time
 
 import numpy as np
 import paddle
@@ -14,8 +12,8 @@ import pytest
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import (
-    TINY_CONFIG, assert_frozen_run_resumes_as_uninterrupted, built_paddlenlp_ops, launch_two_processes, logged, overrides, protocol_only_app, run_grpo,
-    running_reward_server, serving, weights,
+    TINY_CONFIG, assert_frozen_run_resumes_as_uninterrupted, built_paddlenlp_ops, launch_two_processes, logged, overrides,
+    protocol_only_app, run_grpo, running_reward_server, serving, weights,
 )
 from llm.alignment.ppo import run_ppo
 from paddle_alignment.data import PromptOnlyDataset
@@ -158,29 +156,25 @@ def stalling_after(answers):
     return app, release
 
 
-def test_a_hung_reward_server_ends_the_run_within_its_deadline_and_the_rerun_resumes(tiny_world, tmp_path):
-    """At the default settings: 10 x the slowest step and at least 60 s after the server stops answering, the
-    run stops naming the server and the steps done; from the last checkpoint the same command goes on."""
-    app, release = stalling_after(answers=4)  # the first steps' requests (no evaluation), then none
-    argv = dict(use_rm_server=True, use_rule_reward=False, max_steps=1000, eval_datasets="", save_steps=1)
+def test_a_hung_reward_server_ends_the_run_within_its_deadline_and_the_rerun_ends_as_an_uninterrupted_run(tiny_world, tmp_path):
+    """At the default settings: 10 x the slowest step and at least 60 s after the server stops answering (from
+    step 5's request on), the run stops naming the server and the steps done; the same command, with the
+    server answering again, resumes from checkpoint-4 and ends on the weights of a run that never waited."""
+    argv = dict(use_rm_server=True, use_rule_reward=False, max_steps=6, eval_datasets="", save_steps=2)
+    app, release = stalling_after(answers=4)  # one scoring request a step: steps 1 to 4 are scored
     try:
-        with serving(app) as url:
-            started = time.monotonic()
-            with pytest.raises(RewardServerError) as stopped:
-                run_grpo(tiny_world, tmp_path, reward_server=url, **argv)
-            waited = time.monotonic() - started
+        with serving(protocol_only_app) as url, serving(app) as hung_url:
+            message = (rf"reward server at {hung_url} \(POST /\) answered nothing within (\d+) s \(10 x the slowest RL "
+                       r"step so far, [0-9.]+ s, and at least 60 s\), after 4 RL steps; last error: ReadTimeout")
+            run = assert_frozen_run_resumes_as_uninterrupted(
+                tiny_world, tmp_path, None, message, exit_code=1, frozen_changes={"reward_server": hung_url},
+                reward_server=url, **argv,
+            )
     finally:
         release.set()
-    message = str(stopped.value)
-    found = re.search(rf"reward server at {url} \(POST /\) answered nothing within (\d+) s \(10 x the slowest RL step "
-                      r"so far, [0-9.]+ s, and at least 60 s\), after (\d+) RL steps; last error: ReadTimeout", message)
-    assert found, message
-    deadline, done = int(found.group(1)), int(found.group(2))
-    assert done >= 1 and deadline <= waited < deadline + 45  # the run's start and its first steps, then the deadline
-    assert (tmp_path / f"checkpoint-{done}").exists() and not (tmp_path / "policy").exists()
-    with running_reward_server("arith") as url:
-        run_grpo(tiny_world, tmp_path, reward_server=url, **(argv | {"max_steps": done + 1}))
-    assert (tmp_path / f"checkpoint-{done + 1}").exists() and (tmp_path / "policy").exists()
+    deadline = int(run.found.group(1))
+    assert deadline <= run.seconds < deadline + 45  # the run's start and its first steps, then the deadline
+    assert f"resumed from {tmp_path / 'out' / 'checkpoint-4'} at step 4" in run.resumed_log
 
 
 def test_a_stalled_checkpoint_write_ends_the_run_naming_it_and_the_rerun_ends_as_an_uninterrupted_run(tiny_world, tmp_path):

@@ -122,6 +122,8 @@ class Watchdog:
 
     def __init__(self):
         self.waits, self.lock, self.thread = [], threading.Lock(), None
+        self.waiting = threading.Event()  # set while a guarded wait is in progress: the thread polls only then
+        self.poll = threading.Event()  # never set: waiting on it paces the polls
         self.deadline = Deadline(None, "watchdog_timeout")
 
     def configure(self, override):
@@ -133,6 +135,7 @@ class Watchdog:
         wait = Wait(component, detail, self.deadline)
         with self.lock:
             self.waits.append(wait)
+            self.waiting.set()
             if self.thread is None:
                 self.thread = threading.Thread(target=self.watch, name="watchdog", daemon=True)
                 self.thread.start()
@@ -149,10 +152,15 @@ class Watchdog:
         finally:
             with self.lock:
                 self.waits.remove(wait)
+                if not self.waits:
+                    self.waiting.clear()
 
     def watch(self):
         while True:
-            time.sleep(POLL_SECONDS)
+            # Blocks while nothing is guarded; Event.wait, not time.sleep, so that a test that patches
+            # time.sleep never sees this thread.
+            self.waiting.wait()
+            self.poll.wait(POLL_SECONDS)
             with self.lock:
                 overdue = [wait for wait in self.waits if wait.overdue(time.monotonic())]
                 innermost = self.waits[-1] if self.waits else None

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -95,3 +96,13 @@ def test_a_timeout_raised_inside_a_wait_is_described_once_and_other_errors_pass_
         with watchdog.guarded("collective", "a sum over 2 ranks"):
             raise RuntimeError("shapes differ")
     assert watchdog.WATCHDOG.waits == []
+
+
+def test_the_watchdog_thread_sleeps_on_events_only(monkeypatch):
+    """Tests patch time.sleep (the reward client's backoff): the thread must neither call it nor spin."""
+    calls = []
+    monkeypatch.setattr(watchdog.time, "sleep", calls.append)
+    with watchdog.guarded("checkpoint write", "out/checkpoint-2"):
+        threading.Event().wait(3 * watchdog.POLL_SECONDS)
+    threading.Event().wait(3 * watchdog.POLL_SECONDS)  # idle: the thread blocks until the next guarded wait
+    assert calls == [] and watchdog.WATCHDOG.thread.is_alive() and not watchdog.WATCHDOG.waiting.is_set()

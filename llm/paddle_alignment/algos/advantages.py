@@ -54,20 +54,28 @@ def reinforce_plus_plus_baseline_advantages(rewards, response_mask, group_index,
 
 
 def last_token_rewards(rewards, response_mask):
-    """Scalar rewards [B] placed on the last valid response token: [B, R]."""
+    """Scalar rewards [B] placed on the last sampled token (the last position the mask keeps, wherever masked
+    observation spans sit before it): [B, R]."""
     mask = response_mask.astype(rewards.dtype)
-    lengths = mask.sum(axis=-1).astype("int64")
-    last = paddle.nn.functional.one_hot((lengths - 1).clip(min=0), num_classes=mask.shape[1]).astype(rewards.dtype)
-    return last * rewards.unsqueeze(-1) * mask
+    positions = paddle.arange(mask.shape[1], dtype=rewards.dtype)
+    last = (positions * mask).max(axis=-1).astype("int64")
+    return paddle.nn.functional.one_hot(last, num_classes=mask.shape[1]).astype(rewards.dtype) * rewards.unsqueeze(-1) * mask
+
+
+def carried(mask_t, new, old):
+    """`new` where position t is a sampled token, else `old` unchanged: the backward recursions below step over
+    masked positions (tool observations inside a trajectory, padding after it) instead of restarting there."""
+    return mask_t * new + (1.0 - mask_t) * old
 
 
 def discounted_returns(token_rewards, response_mask, gamma):
-    """G_t = sum over k >= t of gamma^(k - t) r_k, within each response: [B, R]."""
+    """G_t = sum over sampled tokens k >= t of gamma^(their count between t and k) r_k: [B, R], 0 at masked
+    positions."""
     mask = response_mask.astype(token_rewards.dtype)
     running = paddle.zeros_like(token_rewards[:, 0])
     returns = []
     for t in reversed(range(token_rewards.shape[1])):
-        running = token_rewards[:, t] + gamma * running * mask[:, t]
+        running = carried(mask[:, t], token_rewards[:, t] + gamma * running, running)
         returns.append(running)
     return paddle.stack(returns[::-1], axis=1) * mask
 
@@ -101,8 +109,9 @@ def gae_advantages(
 ):
     """PPO: generalised advantage estimation on the KL-shaped token rewards with the critic's `values` [B, R].
 
-    delta_t = r_t + gamma * V_{t+1} - V_t (V past the response is 0), A_t = delta_t + gamma * lam * A_{t+1};
-    the returns A_t + V_t are the critic's targets. With `normalize_advantage` the advantages (not the
+    delta_t = r_t + gamma * V_{t+1} - V_t (V past the response is 0), A_t = delta_t + gamma * lam * A_{t+1},
+    t + 1 the next sampled token (masked observation positions are stepped over); the returns A_t + V_t are the
+    critic's targets. With `normalize_advantage` the advantages (not the
     returns) are whitened over the valid tokens (of every rank, with `reduce_sum`). Returns (advantages,
     returns), both [B, R].
     """
@@ -114,10 +123,10 @@ def gae_advantages(
     advantages = []
     for t in reversed(range(values.shape[1])):
         delta = token_rewards[:, t] + gamma * next_value - values[:, t]
-        running = (delta + gamma * lam * running) * mask[:, t]
+        running = carried(mask[:, t], delta + gamma * lam * running, running)
         advantages.append(running)
-        next_value = values[:, t]
-    advantages = paddle.stack(advantages[::-1], axis=1)
+        next_value = carried(mask[:, t], values[:, t], next_value)
+    advantages = paddle.stack(advantages[::-1], axis=1) * mask
     returns = (advantages + values) * mask
     if normalize_advantage:
         advantages = masked_whiten(advantages, response_mask, reduce_sum)

@@ -1,0 +1,1 @@
+"""Multi-turn rollouts with tools: the tool interface, the parsing of tool calls and their execution."""

@@ -28,7 +28,11 @@ class Experience:
     advantages       [B, R] float32
     values           [B, R] float32  critic values at rollout time (PPO)
     returns          [B, R] float32  the critic's targets (PPO)
-    prompts, labels, responses: the texts, for rewards and sample tables.
+    turn_stats       [B, K] float32  a multi-turn trajectory's counters (agents/rollout.py TURN_STATS; None
+                                     single-turn). Multi-turn, the response axis holds the sampled turns and
+                                     the observations between them: attention_mask is 1 on both,
+                                     response_mask on the sampled tokens only
+    prompts, labels, responses: the texts, for rewards and sample tables (multi-turn: the last turn's).
     """
 
     input_ids: paddle.Tensor
@@ -49,6 +53,7 @@ class Experience:
     advantages: Optional[paddle.Tensor] = None
     values: Optional[paddle.Tensor] = None
     returns: Optional[paddle.Tensor] = None
+    turn_stats: Optional[paddle.Tensor] = None
 
     @property
     def prompt_len(self):
@@ -122,7 +127,7 @@ class Experience:
             "group_index": paddle.concat(groups),
             "finished": paddle.concat([b.finished for b in batches]),
         }
-        for name in ("scores", "score_parts", "unscored", "rewards"):  # present once the batches are scored
+        for name in ("scores", "score_parts", "unscored", "rewards", "turn_stats"):  # present once scored (or multi-turn)
             if all(getattr(b, name) is not None for b in batches):
                 merged[name] = paddle.concat([getattr(b, name) for b in batches])
         for name in ("rollout_logprobs", "old_logprobs", "ref_logprobs"):  # present when recorded at sampling time

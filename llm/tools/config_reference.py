@@ -31,6 +31,7 @@ GROUP_TITLES = {
     "ScheduleArguments": "Learning-rate schedule",
     "RewardArguments": "Reward",
     "CriticArguments": "Critic",
+    "MultiTurnArguments": "Multi-turn rollouts with tools",
     "DecoupledRolloutArguments": "Decoupled rollout",
     "ParallelLayoutArguments": "Memory and layout",
     "LoggingArguments": "Logging",

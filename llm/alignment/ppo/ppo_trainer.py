@@ -25,6 +25,7 @@ from paddlenlp.trainer import Trainer
 from paddlenlp.utils.log import logger
 
 from paddle_alignment import watchdog
+from paddle_alignment.agents.rollout import turn_metrics
 from paddle_alignment.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
 from paddle_alignment.algos.losses import LossScale
 from paddle_alignment.algos.masked import masked_mean
@@ -543,6 +544,8 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         if exp.values is not None:
             local["val/value_mean"] = float(masked_mean(exp.values, exp.response_mask))
             local["val/explained_variance"] = float(explained_variance(exp.values, exp.returns, exp.response_mask))
+        if exp.turn_stats is not None:
+            local |= turn_metrics(exp.turn_stats)
         local |= {k: v for k, v in generation.items() if k != "rollout_seconds"}
         metrics = mean_over_ranks(local, "rollout metrics")
         totals = all_reduce_scalars(

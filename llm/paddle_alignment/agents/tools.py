@@ -17,6 +17,7 @@ answer. Calls are parsed from the sampled text in Qwen2.5's form (`<tool_call>{"
 `<|python_tag|>` or alone).
 """
 
+import importlib
 import inspect
 import json
 import re
@@ -173,6 +174,19 @@ def parse_tool_calls(text, style):
             return []
         return [call_from_json(body, "parameters")]
     raise ValueError(f"tool call style {style!r}: choose from {TOOL_CALL_STYLES}")
+
+
+def load_tools(paths):
+    """The Tools of the config's `tools` ("module:function" each)."""
+    tools = []
+    for path in paths:
+        module, _, name = path.partition(":")
+        try:
+            function = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as error:
+            raise ValueError(f"tools: cannot load {path}: {type(error).__name__}: {error}") from None
+        tools.append(Tool.from_function(function))
+    return tools
 
 
 class ToolBox:

@@ -21,6 +21,7 @@ import paddle
 from paddlenlp.trainer import PdArgumentParser, TrainingArguments
 from paddlenlp.utils.log import logger
 
+from paddle_alignment.agents.tools import TOOL_CALL_STYLES
 from paddle_alignment.algos import (
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
@@ -522,6 +523,38 @@ class CriticArguments:
 
 
 @dataclass
+class MultiTurnArguments:
+    """Parameters of multi-turn rollouts with tools (docs/multi_turn.md): set `tools` to turn them on."""
+
+    tools: str = field(
+        default="", metadata={"help": "Comma-separated tools the policy may call, each a typed, documented Python function as module:function (importable where the run starts; empty: single-turn rollouts)."}
+    )
+    tool_call_style: str = field(
+        default="qwen", metadata={"help": "How tool calls are written: qwen (<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>, Qwen2.5) or llama3 (a JSON object with name and parameters, Llama 3.1)."}
+    )
+    max_turns: int = field(default=4, metadata={"help": "Assistant turns per trajectory at most; max_dec_len bounds a trajectory's sampled and observation tokens together."})
+    max_tool_response_tokens: int = field(default=256, metadata={"help": "A tool's answer is cut to this many tokens (and counted in multi_turn/observations_cut)."})
+    tool_timeout: float = field(default=10.0, metadata={"help": "Seconds a tool call may run before it is stopped and answers with a timeout error."})
+    tool_workers: int = field(default=2, metadata={"help": "Worker processes running tool calls (per rank or sampler)."})
+
+    def validate_multi_turn(self):
+        if self.tool_call_style not in TOOL_CALL_STYLES:
+            raise ValueError(f"tool_call_style={self.tool_call_style!r}: choose from {TOOL_CALL_STYLES}")
+        for spec in self.tool_paths:
+            if spec.count(":") != 1 or not all(spec.split(":")):
+                raise ValueError(f"tools: {spec!r} is not module:function")
+        for key in ("max_turns", "max_tool_response_tokens", "tool_workers"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.tool_timeout <= 0:
+            raise ValueError(f"tool_timeout must be positive, got {self.tool_timeout}")
+
+    @property
+    def tool_paths(self):
+        return [spec.strip() for spec in self.tools.split(",") if spec.strip()]
+
+
+@dataclass
 class DecoupledRolloutArguments:
     """Parameters that control decoupled rollout: sampler processes on their own devices."""
 
@@ -636,8 +669,8 @@ class WatchdogArguments:
 @dataclass
 class RLTrainingArguments(
     BatchSizeArguments, RolloutArguments, AlgorithmArguments, ScheduleArguments, RewardArguments, CriticArguments,
-    DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments, WatchdogArguments, ModelKernelArguments,
-    TrainingArguments,
+    MultiTurnArguments, DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments, WatchdogArguments,
+    ModelKernelArguments, TrainingArguments,
 ):
     """The training arguments of run_ppo: paddlenlp's TrainingArguments and the groups above, as one flat set of
     keys (PaddleNLP's configs keep parsing); each group validates its own keys."""
@@ -662,6 +695,7 @@ class RLTrainingArguments(
         self.validate_batch_sizes()
         self.validate_rollout_mode()
         self.validate_watchdog()
+        self.validate_multi_turn()
 
     def apply_paddlenlp_switches(self):
         """PaddleNLP's keys that switch other keys: autotuner_benchmark, offload_optim, and grpo's reward and
@@ -715,7 +749,8 @@ def check_non_negative(args, keys):
 
 GROUPS = (
     BatchSizeArguments, RolloutArguments, AlgorithmArguments, ScheduleArguments, RewardArguments, CriticArguments,
-    DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments, WatchdogArguments, ModelKernelArguments,
+    MultiTurnArguments, DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments, WatchdogArguments,
+    ModelKernelArguments,
 )
 
 

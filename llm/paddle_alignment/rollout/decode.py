@@ -196,13 +196,11 @@ def decode_with_generate(model, tokenizer, input_ids, prompt_mask, sampling: Sam
 
 
 @paddle.no_grad()
-def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_fast=True, seed=None):
-    """Sample `n` responses for each prompt item ({"prompt", "label", "input_ids"}) in one batched decode. The
-    fast loop samples from `seed` (default: one drawn from paddle's generator) and records the log-prob each
-    response token was drawn with as exp.rollout_logprobs (not when greedy); generate() samples from paddle's
-    generator and records none."""
-    prompt_ids, prompt_mask = left_pad([item["input_ids"] for item in items], tokenizer.pad_token_id)
-    input_ids, row_mask = (paddle.repeat_interleave(t, n, axis=0) for t in (prompt_ids, prompt_mask))
+def sample_continuations(model, tokenizer, prompt_ids, prompt_mask, n, sampling: SamplingConfig, use_fast=True, seed=None):
+    """`n` sampled continuations of each left-padded row of `prompt_ids` [P, L] (rows B = P * n, a row's copies
+    adjacent): (response ids [B, R], the log-prob each token was drawn with [B, R] or None). The fast loop
+    samples from `seed` (default: one drawn from paddle's generator) and records the log-probs (not when
+    greedy); generate() samples from paddle's generator and records none."""
     was_training = model.training
     model.eval()
     ops = fast_path_ops(model, use_fast)
@@ -212,9 +210,20 @@ def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_
             ops, model, tokenizer, prompt_ids, prompt_mask, sampling, draw_seed() if seed is None else seed, copies=n,
         )
     else:
+        input_ids, row_mask = (paddle.repeat_interleave(t, n, axis=0) for t in (prompt_ids, prompt_mask))
         response_ids = decode_with_generate(model, tokenizer, input_ids, row_mask, sampling)
     if was_training:  # (LoRAModel.train takes no mode argument)
         model.train()
+    return response_ids, logprobs
+
+
+def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_fast=True, seed=None):
+    """Sample `n` responses for each prompt item ({"prompt", "label", "input_ids"}) in one batched decode
+    (sample_continuations), the log-prob each response token was drawn with as exp.rollout_logprobs when the
+    fast loop recorded them."""
+    prompt_ids, prompt_mask = left_pad([item["input_ids"] for item in items], tokenizer.pad_token_id)
+    response_ids, logprobs = sample_continuations(model, tokenizer, prompt_ids, prompt_mask, n, sampling, use_fast, seed)
+    input_ids, row_mask = (paddle.repeat_interleave(t, n, axis=0) for t in (prompt_ids, prompt_mask))
     exp = package_rollouts(tokenizer, items, n, input_ids, row_mask, response_ids)
     if logprobs is not None:
         exp.rollout_logprobs = logprobs * exp.response_mask

@@ -15,6 +15,8 @@ import paddle
 from paddlenlp.utils.log import logger
 
 from paddle_alignment import watchdog
+from paddle_alignment.agents.rollout import TurnSettings, multi_turn_rollouts
+from paddle_alignment.agents.tools import ToolBox, load_tools
 from paddle_alignment.distributed import collective, is_distributed
 from paddle_alignment.experience import Experience
 from paddle_alignment.micro_batches import MicroBatching
@@ -25,7 +27,7 @@ from paddle_alignment.models.ppo_model_utils import response_labels, response_to
 from paddle_alignment.models.tensor_parallel import is_tensor_parallel, whole
 from paddle_alignment.offload import OffloadPlan
 from paddle_alignment.rollout import sync_check, weights
-from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
+from paddle_alignment.rollout.decode import SamplingConfig, draw_seed, generate_rollouts, sample_continuations
 
 MAX_LOGGED_ROW_ERRORS = 8  # of one batch: the count is logged too
 
@@ -54,6 +56,9 @@ class RolloutWorker:
         self.autocast = autocast
         self.offload = offload or OffloadPlan({}, None, None)
         self.sampling = SamplingConfig.from_args(args)
+        tools = load_tools(args.tool_paths)
+        self.toolbox = ToolBox(tools, args.tool_timeout, args.tool_workers) if tools else None
+        self.turns = TurnSettings.from_args(args) if tools else None
 
     def generate_sequences(self, items, seed, behaviour_logprobs=False):
         """Rollouts of the prompt `items` sampled from `seed`, with their scores, and the seconds the
@@ -77,10 +82,7 @@ class RolloutWorker:
         size = self.args.per_device_rollout_batch_size
         with self.offload.on_device("train_model"), self.autocast(), tensor_parallel_waits(self.policy, "decoding"):
             parts = [
-                generate_rollouts(
-                    self.policy, self.tokenizer, prompts[start : start + size], self.args.rollout_n, self.sampling,
-                    self.args.use_fusemt, seed=seed + i,
-                )
+                self.rollouts(prompts[start : start + size], self.args.rollout_n, self.sampling, seed + i)
                 for i, start in enumerate(range(0, len(prompts), size))
             ]
         return parts[0] if len(parts) == 1 else Experience.concat(parts, self.tokenizer.pad_token_id)
@@ -112,8 +114,20 @@ class RolloutWorker:
         """The reward scores of one greedy response to each prompt of `items` (evaluation)."""
         greedy = SamplingConfig.from_args(self.args, greedy=True)
         with self.offload.on_device("train_model"), self.autocast():
-            exp = generate_rollouts(self.policy, self.tokenizer, items, 1, greedy, self.args.use_fusemt)
+            exp = self.rollouts(items, 1, greedy, seed=None)
         return self.reward_scores(exp).scores
+
+    def rollouts(self, items, n, sampling, seed):
+        """`n` rollouts of each prompt item: single responses (decode.py), or with `tools` multi-turn trajectories
+        (agents/rollout.py)."""
+        if self.toolbox is None:
+            return generate_rollouts(self.policy, self.tokenizer, items, n, sampling, self.args.use_fusemt, seed)
+
+        def sample(input_ids, prompt_mask, turn_sampling, turn_seed):
+            return sample_continuations(self.policy, self.tokenizer, input_ids, prompt_mask, 1, turn_sampling, self.args.use_fusemt, turn_seed)
+
+        seed = draw_seed() if seed is None else seed
+        return multi_turn_rollouts(sample, self.tokenizer, items, n, sampling, self.toolbox, self.turns, seed)
 
     @paddle.no_grad()
     def compute_logprobs(self, model, exp):

@@ -12,7 +12,7 @@ import pytest
 from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import (
-    TINY_CONFIG, assert_frozen_run_resumes_as_uninterrupted, built_paddlenlp_ops, launch_two_processes, logged, overrides,
+    REPO_ROOT, TINY_CONFIG, assert_frozen_run_resumes_as_uninterrupted, built_paddlenlp_ops, launch_two_processes, logged, overrides,
     protocol_only_app, run_grpo, running_reward_server, serving, weights,
 )
 from llm.alignment.ppo import run_ppo
@@ -112,6 +112,16 @@ def test_a_correction_without_the_samplers_log_probs_stops_the_run(tiny_world, t
     assert not (tmp_path / "policy").exists()
 
 
+def test_a_run_with_tools_samples_trajectories_and_logs_their_counters(tiny_world, tmp_path, monkeypatch):
+    """The tools path end to end (rollouts through agents/rollout.py, evaluation included): the demo's policy
+    never calls the tool, so every trajectory is one turn, as counted."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(REPO_ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
+    run_grpo(tiny_world, tmp_path, tools="tool_samples:add", max_steps=2, eval_steps=0, save_steps=0)
+    assert logged(tmp_path / "vdl", "train/multi_turn/turns") == [1.0, 1.0]
+    assert logged(tmp_path / "vdl", "train/multi_turn/tool_calls") == [0.0, 0.0]
+    assert (tmp_path / "policy").is_dir()
+
+
 def test_reinforce_plus_plus_with_kl_in_the_reward_trains(tiny_world, tmp_path):
     # A reference other than the actor: the KL penalty differs between samples from the first step, so the
     # policy moves even when every sampled answer earns the same score.
@@ -184,10 +194,10 @@ def test_a_stalled_checkpoint_write_ends_the_run_naming_it_and_the_rerun_ends_as
     out = tmp_path / "out"
     message = (rf"watchdog: checkpoint write did not finish within watchdog_timeout=3 s: {out / 'checkpoint-4'}; after RL "
                r"step 4; the last event before it: RL step 4 done, 0\.\d+ s before it began\.")
-    log = assert_frozen_run_resumes_as_uninterrupted(
+    run = assert_frozen_run_resumes_as_uninterrupted(
         tiny_world, tmp_path, "checkpoint-write:4", message, max_steps=6, eval_steps=0, save_steps=2, watchdog_timeout=3,
     )
-    assert f"resumed from {out / 'checkpoint-2'} at step 2" in log
+    assert f"resumed from {out / 'checkpoint-2'} at step 2" in run.resumed_log
 
 
 def test_fixed_seed_runs_are_identical_and_resume_continues_exactly(tiny_world, tmp_path):

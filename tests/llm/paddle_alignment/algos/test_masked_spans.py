@@ -1,14 +1,15 @@
 """Multi-turn trajectories put tool observations (mask 0) between response tokens. Every registered advantage
 estimator must give the sampled tokens the advantages (and returns) they get without the observation span:
 the recursions skip masked positions rather than restart or discount across them, and the scalar reward sits
-on the last sampled token, not at index (mask count - 1)."""
+on the last sampled token, not at index (mask count - 1). Nor may the observation tokens reach the loss."""
 
 import numpy as np
 import paddle
 import pytest
 
-from paddle_alignment.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
+from paddle_alignment.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS
 from paddle_alignment.algos.registry import call_with_options
+from paddle_alignment.models.ppo_model_utils import PolicyObjective
 
 LENGTHS = [6, 3, 5, 1, 6, 2]  # sampled tokens per row; the batch is right-padded to 6
 WIDTH, SPAN = 6, 3
@@ -55,3 +56,38 @@ def test_every_estimator_is_unchanged_by_an_inserted_observation_span(name):
     for plain, spanned in zip(estimate(name, arrays), estimate(name, inserted)):
         np.testing.assert_allclose(spanned[:, kept], plain, rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(spanned[:, 1 : 1 + SPAN], 0.0)  # nothing on the observation tokens
+
+
+@pytest.mark.parametrize("policy_loss", POLICY_LOSSES.names())
+@pytest.mark.parametrize("loss_agg_mode", LOSS_AGGREGATIONS.names())
+def test_observation_tokens_change_neither_the_loss_nor_its_gradient(policy_loss, loss_agg_mode):
+    """Whatever the trainer's forward gives an observation token (its log-prob, entropy, the sampler's and the
+    reference's log-probs there), the objective, with KL and entropy terms and token TIS on, is the same, and
+    no gradient reaches it."""
+    rng = np.random.default_rng(3)
+    mask = np.ones([3, 8], "float32")
+    mask[:, 2:5] = 0.0  # an observation span
+    mask[2, 6:] = 0.0  # and padding
+    objective = PolicyObjective(
+        POLICY_LOSSES.get(policy_loss), KL_ESTIMATORS.get("k3"), LOSS_AGGREGATIONS.get(loss_agg_mode), kl_loss_coeff=0.1,
+        entropy_coeff=0.01, clip_low=0.2, clip_high=0.28, response_budget=8,
+        rollout_correction=ROLLOUT_CORRECTIONS.get("token_tis"),
+    )
+    base = {name: -rng.random([3, 8]).astype("float32") for name in ("logprobs", "entropy", "old", "ref", "rollout")}
+    advantages = paddle.to_tensor(rng.normal(size=[3, 8]).astype("float32") * mask)
+
+    def loss_and_gradient(arrays):
+        logprobs = paddle.to_tensor(arrays["logprobs"], stop_gradient=False)
+        loss, _ = objective.loss(
+            logprobs, paddle.to_tensor(arrays["entropy"]), paddle.to_tensor(arrays["old"]), paddle.to_tensor(arrays["ref"]),
+            advantages, paddle.to_tensor(mask), rollout_logprobs=paddle.to_tensor(arrays["rollout"]),
+        )
+        loss.backward()
+        return float(loss), logprobs.grad.numpy()
+
+    changed = {name: np.where(mask > 0, value, value - 50.0 * rng.random([3, 8]).astype("float32")) for name, value in base.items()}
+    loss, gradient = loss_and_gradient(base)
+    changed_loss, changed_gradient = loss_and_gradient(changed)
+    assert np.isfinite(loss) and changed_loss == pytest.approx(loss, rel=1e-6, abs=1e-7)
+    np.testing.assert_allclose(changed_gradient, gradient, rtol=1e-6, atol=1e-8)
+    assert not gradient[mask == 0].any() and gradient[mask > 0].any()

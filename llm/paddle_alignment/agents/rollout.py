@@ -1,0 +1,196 @@
+"""Multi-turn rollouts with tools: sample a turn, run the tool calls it makes, append their answers, sample the
+next turn, until the policy answers without a call, `max_turns` turns were sampled or `max_dec_len` tokens of
+trajectory are used.
+
+Token in, token out: a trajectory is the prompt's ids, then each turn's ids exactly as sampled, with the ids
+of the observations between them (chat_turns.py); nothing is decoded and encoded again. The trainer sees
+`response_mask` 1 on the sampled tokens and 0 on the observations (no loss, gradient, KL, entropy, ratio or
+length counts them), `attention_mask` 1 on both, and the log-probs each sampled token was drawn with.
+
+Each turn is one batched decode of the trajectories still running, from their whole history (the prompt's
+and earlier turns' KV cache is computed again: the log-probs are those of a fresh forward over the
+trajectory by construction). Every trajectory counts, in `turn_stats` (TURN_STATS): its turns, tool calls,
+failed calls (an unreadable call, an unknown tool, wrong arguments, a tool that raised), timeouts,
+observations cut to `max_tool_response_tokens`, whether the token budget cut it, its observation tokens,
+and whether decoding and encoding its ids again gives other ids (where a re-tokenising toolkit would have
+trained on tokens nobody sampled).
+"""
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+
+import paddle
+
+from paddle_alignment.agents.chat_turns import observation_ids
+from paddle_alignment.agents.tools import ToolCallError, ToolResult, parse_tool_calls
+from paddle_alignment.experience import Experience
+from paddle_alignment.rollout.decode import decode_responses, left_pad
+
+TURN_STATS = (
+    "turns", "tool_calls", "tool_errors", "tool_timeouts", "observations_cut", "truncated", "observation_tokens",
+    "rerender_differs",
+)
+
+
+def turn_metrics(turn_stats):
+    """`multi_turn/<stat>`: each TURN_STATS counter's mean over the trajectories of `turn_stats` [B, K]."""
+    means = turn_stats.mean(axis=0).numpy().tolist()
+    return {f"multi_turn/{name}": value for name, value in zip(TURN_STATS, means)}
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnSettings:
+    """The multi-turn keys of the config (config/arguments.py MultiTurnArguments)."""
+
+    max_turns: int
+    max_tool_response_tokens: int
+    tool_call_style: str
+    tool_workers: int = 1
+
+    @classmethod
+    def from_args(cls, args):
+        return cls(args.max_turns, args.max_tool_response_tokens, args.tool_call_style, args.tool_workers)
+
+
+class Trajectory:
+    """One row's response side: sampled and observation ids, which of them were sampled, their log-probs."""
+
+    def __init__(self, prompt_ids):
+        self.prompt_ids = list(prompt_ids)
+        self.ids, self.sampled, self.logprobs = [], [], []
+        self.last_turn, self.finished, self.done = [], False, False
+        self.stats = dict.fromkeys(TURN_STATS, 0)
+
+    def add_turn(self, ids, logprobs):
+        self.ids += ids
+        self.sampled += [1.0] * len(ids)
+        self.logprobs += logprobs
+        self.last_turn = ids
+        self.stats["turns"] += 1
+
+    def add_observation(self, ids):
+        self.ids += ids
+        self.sampled += [0.0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.stats["observation_tokens"] += len(ids)
+
+    def stop(self, truncated=False):
+        self.done = True
+        self.stats["truncated"] = int(truncated)
+
+
+def turn_seed(seed, turn):
+    """Each turn's sampling seed: apart from the next micro-batch's seed + 1."""
+    return (seed * 1_000_003 + turn) % (2**31 - 1)
+
+
+def first_turn_ids(row, eos_id, budget):
+    """A row's sampled ids up to and including its first EOS, at most `budget`: (ids, their count)."""
+    ids = row.tolist()
+    end = ids.index(eos_id) + 1 if eos_id in ids else len(ids)
+    return ids[: min(end, budget)], min(end, budget)
+
+
+def cut_observation(tokenizer, text, limit):
+    """`text`, cut to its first `limit` tokens (and whether it was)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)["input_ids"]
+    if len(ids) <= limit:
+        return text, False
+    return tokenizer.decode(ids[:limit]) + " ...(cut)", True
+
+
+def tool_answers(trajectory, text, toolbox, style, pool):
+    """The observation texts answering the tool calls of `text` (None when it calls no tool), counted."""
+    try:
+        calls = parse_tool_calls(text, style)
+    except ToolCallError as error:
+        results = [ToolResult(f"error: {error}", "error")]
+    else:
+        if not calls:
+            return None
+        results = list(pool.map(toolbox.run, calls))
+    trajectory.stats["tool_calls"] += len(results)
+    trajectory.stats["tool_errors"] += sum(result.status == "error" for result in results)
+    trajectory.stats["tool_timeouts"] += sum(result.status == "timeout" for result in results)
+    return [result.text for result in results]
+
+
+def run_turns(sample, tokenizer, trajectories, sampling, toolbox, settings, seed):
+    """Sample turns of `trajectories` until each is done; whether every turn recorded its log-probs.
+    `sample(input_ids, prompt_mask, sampling, seed)` decodes one batch: (response ids [A, R], their log-probs
+    [A, R] or None)."""
+    eos, pad, budget = tokenizer.eos_token_id, tokenizer.pad_token_id, sampling.max_dec_len
+    recorded = True
+    with ThreadPoolExecutor(max_workers=settings.tool_workers) as pool:
+        for turn in range(settings.max_turns):
+            running = [t for t in trajectories if not t.done]
+            if not running:
+                break
+            room = [budget - len(t.ids) for t in running]
+            turn_sampling = dataclasses.replace(sampling, max_dec_len=max(room), min_dec_len=min(sampling.min_dec_len, max(room)))
+            input_ids, prompt_mask = left_pad([t.prompt_ids + t.ids for t in running], pad)
+            response_ids, logprobs = sample(input_ids, prompt_mask, turn_sampling, turn_seed(seed, turn))
+            recorded = recorded and logprobs is not None
+            for row, (trajectory, left) in enumerate(zip(running, room)):
+                ids, count = first_turn_ids(response_ids[row].numpy(), eos, left)
+                trajectory.add_turn(ids, logprobs[row, :count].numpy().tolist() if logprobs is not None else [0.0] * count)
+                if ids[-1:] != [eos]:  # the token budget ended the turn
+                    trajectory.stop(truncated=True)
+                    continue
+                trajectory.finished = True
+                answers = tool_answers(trajectory, decode_responses(tokenizer, [ids])[0], toolbox, settings.tool_call_style, pool)
+                if answers is None or turn == settings.max_turns - 1:
+                    trajectory.stop()
+                    continue
+                cut = [cut_observation(tokenizer, text, settings.max_tool_response_tokens) for text in answers]
+                trajectory.stats["observations_cut"] += sum(was_cut for _, was_cut in cut)
+                observation = observation_ids(tokenizer, [text for text, _ in cut])
+                if len(trajectory.ids) + len(observation) >= budget:  # no room left for the answer to it
+                    trajectory.stop(truncated=True)
+                    continue
+                trajectory.add_observation(observation)
+                trajectory.finished = False
+    return recorded
+
+
+def rerender_differs(tokenizer, trajectory):
+    """Whether decoding the trajectory's ids and encoding the text again gives other ids."""
+    ids = trajectory.prompt_ids + trajectory.ids
+    text = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return int(tokenizer.encode(text, add_special_tokens=False)["input_ids"] != ids)
+
+
+def trajectories_experience(tokenizer, items, n, trajectories, recorded):
+    """The Experience of the trajectories (`n` per item, a prompt's adjacent); rollout_logprobs when `recorded`."""
+    pad = tokenizer.pad_token_id
+    prompt_ids, prompt_mask = left_pad([t.prompt_ids for t in trajectories], pad)
+    width = max(1, max(len(t.ids) for t in trajectories))
+
+    def padded(rows, value, dtype):
+        return paddle.to_tensor([row + [value] * (width - len(row)) for row in rows], dtype=dtype)
+
+    for trajectory in trajectories:
+        trajectory.stats["rerender_differs"] = rerender_differs(tokenizer, trajectory)
+    response_mask = padded([t.sampled for t in trajectories], 0.0, "float32")
+    exp = Experience(
+        input_ids=paddle.concat([prompt_ids, padded([t.ids for t in trajectories], pad, "int64")], axis=1),
+        attention_mask=paddle.concat([prompt_mask, padded([[1] * len(t.ids) for t in trajectories], 0, "int64")], axis=1),
+        response_mask=response_mask,
+        group_index=paddle.arange(len(items), dtype="int64").repeat_interleave(n),
+        finished=paddle.to_tensor([t.finished for t in trajectories], dtype="bool"),
+        prompts=[item["prompt"] for item in items for _ in range(n)],
+        labels=[item["label"] for item in items for _ in range(n)],
+        responses=decode_responses(tokenizer, [t.last_turn for t in trajectories]),
+        turn_stats=paddle.to_tensor([[float(t.stats[name]) for name in TURN_STATS] for t in trajectories], dtype="float32"),
+    )
+    if recorded:
+        exp.rollout_logprobs = padded([t.logprobs for t in trajectories], 0.0, "float32") * response_mask
+    return exp
+
+
+def multi_turn_rollouts(sample, tokenizer, items, n, sampling, toolbox, settings, seed):
+    """`n` trajectories of each prompt item ({"prompt", "label", "input_ids"}) as an Experience (see above);
+    `sample` as run_turns takes it."""
+    trajectories = [Trajectory(item["input_ids"]) for item in items for _ in range(n)]
+    recorded = run_turns(sample, tokenizer, trajectories, sampling, toolbox, settings, seed)
+    return trajectories_experience(tokenizer, items, n, trajectories, recorded)

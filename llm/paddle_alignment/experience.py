@@ -66,10 +66,10 @@ class Experience:
     RESPONSE_FIELDS = ("response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs", "advantages", "values", "returns")
 
     def real_lengths(self):
-        """(prompt lengths, response lengths) of each row [B], as numpy int arrays."""
-        prompt = self.attention_mask[:, : self.prompt_len].astype("int64").sum(axis=1).numpy()
-        response = self.response_mask.astype("int64").sum(axis=1).numpy()
-        return prompt, response
+        """(prompt lengths, response lengths) of each row [B], as numpy int arrays: the attended tokens of each
+        side (a multi-turn response's observation tokens count: they take columns and compute)."""
+        mask = self.attention_mask.astype("int64")
+        return mask[:, : self.prompt_len].sum(axis=1).numpy(), mask[:, self.prompt_len :].sum(axis=1).numpy()
 
     def trimmed(self):
         """These rows without the padding columns none of them uses: prompt columns left of the longest prompt

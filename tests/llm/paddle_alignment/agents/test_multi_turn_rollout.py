@@ -82,6 +82,9 @@ def test_the_trainer_gets_the_sampled_ids_as_sampled_and_the_observation_between
     logprobs = [-0.1 * (i + 1) for i in range(len(call))] + [0.0] * len(observation) + [-0.1 * (i + 1) for i in range(len(answer))]
     np.testing.assert_allclose(exp.rollout_logprobs.numpy()[0, : len(logprobs)], logprobs, rtol=1e-6)
     assert exp.responses == ["42", "42"] and exp.finished.numpy().tolist() == [True, True]
+    # Micro-batches keep whole trajectories: their width counts the observation tokens too.
+    trimmed = exp.trimmed()
+    assert trimmed.input_ids[:, trimmed.prompt_len :].numpy()[0].tolist() == trajectory
     assert stats["turns"] == [2, 2] and stats["tool_calls"] == [1, 1] and stats["tool_errors"] == [0, 0]
     assert stats["observation_tokens"] == [len(observation)] * 2
     assert stats["rerender_differs"] == [1, 1]  # a re-tokenising rollout would have trained on other ids

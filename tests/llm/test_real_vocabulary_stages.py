@@ -178,9 +178,12 @@ def test_the_predictor_decodes_a_hugging_face_folder_greedily(real_world, tmp_pa
 
 
 @pytest.mark.slow
-def test_gsm8k_recipe_config_runs_a_step_and_logs_the_answer_and_format_rewards(real_world, tmp_path):
+@pytest.mark.parametrize("tools", ["", "tool_samples:add"])
+def test_gsm8k_recipe_config_runs_a_step_and_logs_the_answer_and_format_rewards(real_world, tmp_path, tools, monkeypatch):
     """config/qwen/grpo_gsm8k_argument.json on one CPU process (its GPU layout and sizes changed), on GSM8K
-    rows converted with the recipe's prompt."""
+    rows converted with the recipe's prompt; and the same with a tool (multi-turn rollouts through Qwen2.5's
+    vocabulary and chat template)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(REPO_ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
     data = tmp_path / "gsm8k.jsonl"
     convert_gsm8k.convert_file(GSM8K_SAMPLE, data, prompt_style="think_answer")
     single_cpu = {
@@ -190,7 +193,11 @@ def test_gsm8k_recipe_config_runs_a_step_and_logs_the_answer_and_format_rewards(
     run_ppo.main([GSM8K_CONFIG, *argv(**{
         "actor_model_name_or_path": real_world["model"], "train_datasets": data, "eval_datasets": data,
         "output_dir": tmp_path / "run", "logging_dir": tmp_path / "vdl", **single_cpu, **REAL_RUN, "max_prompt_len": 256,
+        "tools": tools, "max_turns": 2,
     })])
+    if tools:  # a random policy calls no tool: one turn each, counted
+        assert logged(tmp_path / "vdl", "train/multi_turn/turns") == [1.0]
+        assert len(logged(tmp_path / "vdl", "train/multi_turn/rerender_differs")) == 1
     # A random policy writes neither the form nor the answer: each part at its minimum, both logged.
     assert logged(tmp_path / "vdl", "train/answer_reward_mean") == [-1.0]
     assert logged(tmp_path / "vdl", "train/format_reward_mean") == [-1.0]

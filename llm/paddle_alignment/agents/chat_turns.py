@@ -24,16 +24,17 @@ def render(tokenizer, messages, add_generation_prompt):
 
 
 @lru_cache(maxsize=None)
-def turn_texts(tokenizer, template, role):
+def turn_texts(tokenizer, template, eos_token, role):
     """(before, between, after): the template's text from the end of an assistant turn's end-of-turn token to
     the content of an observation turn of `role`, between the contents of two consecutive ones, and from the
-    last one's content to the open next assistant turn. `template` (the tokenizer's) keys the cache."""
+    last one's content to the open next assistant turn. `template` and `eos_token` (the tokenizer's) key the
+    cache."""
     first, second = "\x00first\x00", "\x00second\x00"  # found nowhere else in a rendered conversation
     closed = render(tokenizer, PROBE_CONVERSATION, add_generation_prompt=False)
-    end = closed.rfind(tokenizer.eos_token)
+    end = closed.rfind(eos_token)
     if end < 0:
-        raise TemplateError(f"the chat template ends no assistant turn with the EOS token {tokenizer.eos_token!r}")
-    prefix = closed[: end + len(tokenizer.eos_token)]
+        raise TemplateError(f"the chat template ends no assistant turn with the EOS token {eos_token!r}")
+    prefix = closed[: end + len(eos_token)]
     observations = [{"role": role, "content": first}, {"role": role, "content": second}]
     extended = render(tokenizer, [*PROBE_CONVERSATION, *observations], add_generation_prompt=True)
     if not extended.startswith(prefix) or extended.count(first) != 1 or extended.count(second) != 1:
@@ -46,5 +47,5 @@ def turn_texts(tokenizer, template, role):
 def observation_ids(tokenizer, observations, role="tool"):
     """The ids that follow a sampled assistant turn (which ended with the EOS token) to add one turn of `role`
     per text of `observations` and open the next assistant turn, separators included."""
-    before, between, after = turn_texts(tokenizer, tokenizer.chat_template, role)
+    before, between, after = turn_texts(tokenizer, tokenizer.chat_template, tokenizer.eos_token, role)
     return tokenizer.encode(before + between.join(observations) + after, add_special_tokens=False)["input_ids"]

@@ -15,6 +15,7 @@ import paddle
 from paddlenlp.utils.log import logger
 
 from paddle_alignment import watchdog
+from paddle_alignment.agents.chat_turns import observation_ids
 from paddle_alignment.agents.rollout import TurnSettings, multi_turn_rollouts
 from paddle_alignment.agents.tools import ToolBox, load_tools
 from paddle_alignment.distributed import collective, is_distributed
@@ -57,6 +58,8 @@ class RolloutWorker:
         self.offload = offload or OffloadPlan({}, None, None)
         self.sampling = SamplingConfig.from_args(args)
         tools = load_tools(args.tool_paths)
+        if tools:
+            observation_ids(tokenizer, [])  # a template tool answers cannot follow stops the run here, not mid-run
         self.toolbox = ToolBox(tools, args.tool_timeout, args.tool_workers) if tools else None
         self.turns = TurnSettings.from_args(args) if tools else None
 

@@ -83,3 +83,13 @@ def test_a_template_that_rewrites_the_history_is_refused(tokenizer):
     with chat_template(tokenizer, "{{ '<|im_start|>' + messages[-1]['role'] + '\\n' + messages[-1]['content'] + '<|im_end|>\\n' }}"):
         with pytest.raises(TemplateError, match="does not render a 'tool' turn by appending it"):
             observation_ids(tokenizer, ["1"])
+
+
+def test_an_eos_token_that_ends_no_assistant_turn_is_refused(tokenizer):
+    original = tokenizer.eos_token
+    tokenizer.eos_token = "<|endoftext|>"  # a base tokenizer's EOS; the template ends turns with <|im_end|>
+    try:
+        with pytest.raises(TemplateError, match="ends no assistant turn with the EOS token '<\\|endoftext\\|>'"):
+            observation_ids(tokenizer, [])
+    finally:
+        tokenizer.eos_token = original

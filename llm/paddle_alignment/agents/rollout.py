@@ -99,20 +99,27 @@ def cut_observation(tokenizer, text, limit):
     return tokenizer.decode(ids[:limit]) + " ...(cut)", True
 
 
-def tool_answers(trajectory, text, toolbox, style, pool):
-    """The observation texts answering the tool calls of `text` (None when it calls no tool), counted."""
+def turn_calls(text, style):
+    """The tool calls of a sampled turn's `text` ([] when it calls none), or the error result of a call that
+    cannot be read."""
     try:
-        calls = parse_tool_calls(text, style)
+        return parse_tool_calls(text, style)
     except ToolCallError as error:
-        results = [ToolResult(f"error: {error}", "error")]
-    else:
-        if not calls:
-            return None
-        results = list(pool.map(toolbox.run, calls))
+        return [ToolResult(f"error: {error}", "error")]
+
+
+def count_results(trajectory, results):
     trajectory.stats["tool_calls"] += len(results)
     trajectory.stats["tool_errors"] += sum(result.status == "error" for result in results)
     trajectory.stats["tool_timeouts"] += sum(result.status == "timeout" for result in results)
-    return [result.text for result in results]
+
+
+def run_calls(calls_by_trajectory, toolbox, pool):
+    """The results of every call of a turn, all trajectories' at once on the pool (an unreadable call's result
+    is already there): a list per trajectory."""
+    pending = [call for calls in calls_by_trajectory for call in calls if not isinstance(call, ToolResult)]
+    answered = iter(pool.map(toolbox.run, pending))
+    return [[call if isinstance(call, ToolResult) else next(answered) for call in calls] for calls in calls_by_trajectory]
 
 
 def run_turns(sample, tokenizer, trajectories, sampling, toolbox, settings, seed):
@@ -131,18 +138,27 @@ def run_turns(sample, tokenizer, trajectories, sampling, toolbox, settings, seed
             input_ids, prompt_mask = left_pad([t.prompt_ids + t.ids for t in running], pad)
             response_ids, logprobs = sample(input_ids, prompt_mask, turn_sampling, turn_seed(seed, turn))
             recorded = recorded and logprobs is not None
+            response_ids, logprobs = response_ids.numpy(), logprobs.numpy() if logprobs is not None else None
+            calling = []
             for row, (trajectory, left) in enumerate(zip(running, room)):
-                ids, count = first_turn_ids(response_ids[row].numpy(), eos, left)
-                trajectory.add_turn(ids, logprobs[row, :count].numpy().tolist() if logprobs is not None else [0.0] * count)
+                ids, count = first_turn_ids(response_ids[row], eos, left)
+                trajectory.add_turn(ids, logprobs[row, :count].tolist() if logprobs is not None else [0.0] * count)
                 if ids[-1:] != [eos]:  # the token budget ended the turn
                     trajectory.stop(truncated=True)
                     continue
                 trajectory.finished = True
-                answers = tool_answers(trajectory, decode_responses(tokenizer, [ids])[0], toolbox, settings.tool_call_style, pool)
-                if answers is None or turn == settings.max_turns - 1:
+                calls = turn_calls(decode_responses(tokenizer, [ids])[0], settings.tool_call_style)
+                if calls:
+                    calling.append((trajectory, calls))
+                else:
+                    trajectory.stop()
+            results = run_calls([calls for _, calls in calling], toolbox, pool)
+            for (trajectory, _), answers in zip(calling, results):
+                count_results(trajectory, answers)
+                if turn == settings.max_turns - 1:
                     trajectory.stop()
                     continue
-                cut = [cut_observation(tokenizer, text, settings.max_tool_response_tokens) for text in answers]
+                cut = [cut_observation(tokenizer, answer.text, settings.max_tool_response_tokens) for answer in answers]
                 trajectory.stats["observations_cut"] += sum(was_cut for _, was_cut in cut)
                 observation = observation_ids(tokenizer, [text for text, _ in cut])
                 if len(trajectory.ids) + len(observation) >= budget:  # no room left for the answer to it

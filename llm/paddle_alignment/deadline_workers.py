@@ -3,7 +3,7 @@
 A thread cannot be stopped, and a SIGALRM only fires in a process's main thread, so a call that may hang (a
 symbolic parse of `10^{10^{10}}`, a user's tool) goes to a worker process: one line of JSON each way over its
 stdin and stdout. A worker that passes the deadline is killed and replaced, and the call raises
-DeadlineExceeded for the caller to count; an exception inside the call comes back as a `RuntimeError` naming
+DeadlineExceeded for the caller to count; an exception inside the call comes back as `CallFailed` naming
 the worker. Workers start on first use and end with this process (they exit when their stdin closes).
 
 Used by the math rewards' symbolic comparison (rewards/symbolic.py) and by tool calls (agents/tools.py). A
@@ -24,6 +24,14 @@ PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 class DeadlineExceeded(Exception):
     pass
+
+
+class CallFailed(RuntimeError):
+    """The call raised inside the worker: `error` is its "Type: message"."""
+
+    def __init__(self, name, error):
+        super().__init__(f"{name} worker: {error}")
+        self.error = error
 
 
 class Worker:
@@ -57,7 +65,7 @@ class Worker:
         self.process.stdin.flush()
         answer = self.read_line(deadline, "call")
         if "error" in answer:
-            raise RuntimeError(f"{self.name} worker: {answer['error']}")
+            raise CallFailed(self.name, answer["error"])
         return answer["result"]
 
     def close(self):

@@ -25,7 +25,7 @@ import types
 import typing
 from dataclasses import dataclass
 
-from paddle_alignment.deadline_workers import DeadlineExceeded, WorkerPool
+from paddle_alignment.deadline_workers import CallFailed, DeadlineExceeded, WorkerPool
 
 TOOL_CALL_STYLES = ("qwen", "llama3")
 JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
@@ -218,8 +218,10 @@ class ToolBox:
             return ToolResult(self.pool.call({"path": tool.path, "arguments": call.arguments}), "ok")
         except DeadlineExceeded:
             return ToolResult(f"error: {call.name} did not answer within {self.timeout:g} s", "timeout")
-        except RuntimeError as error:  # the tool raised: the worker's message names the exception
-            return ToolResult(f"error: {str(error).removeprefix('tool worker: ')}", "error")
+        except CallFailed as error:  # the tool raised
+            return ToolResult(f"error: {error.error}", "error")
+        except RuntimeError as error:  # its worker died during the call (the tool ended the process)
+            return ToolResult(f"error: {error}", "error")
 
     def close(self):
         self.pool.close()

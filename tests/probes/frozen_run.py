@@ -44,34 +44,33 @@ def freeze_weight_publication(version):
     weights.publish = stalling
 
 
-def freeze_samplers(step):
+def after_checkpoint(step, action):
+    """Run `action(trainer)` once checkpoint-`step` is written."""
     save_checkpoint = saving.save_checkpoint
 
-    def stopping(trainer):
+    def saving_then_acting(trainer):
         save_checkpoint(trainer)
         if trainer.state.global_step == step:
-            for sampler in trainer.rollout.processes:
-                os.kill(sampler.pid, signal.SIGSTOP)
+            action(trainer)
 
-    saving.save_checkpoint = stopping
+    saving.save_checkpoint = saving_then_acting
 
 
-def freeze_rank_1(step):
-    save_checkpoint = saving.save_checkpoint
+def stop_samplers(trainer):
+    for sampler in trainer.rollout.processes:
+        os.kill(sampler.pid, signal.SIGSTOP)
 
-    def stopping(trainer):
-        save_checkpoint(trainer)
-        if trainer.state.global_step == step and int(os.environ.get("PADDLE_TRAINER_ID", "0")) == 1:
-            os.kill(os.getpid(), signal.SIGSTOP)
 
-    saving.save_checkpoint = stopping
+def stop_rank_1(trainer):
+    if int(os.environ.get("PADDLE_TRAINER_ID", "0")) == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 if __name__ == "__main__":
     what, step = sys.argv[1].split(":")
     freezes = {
         "checkpoint-write": freeze_checkpoint_write, "weight-publication": freeze_weight_publication,
-        "sampler": freeze_samplers, "rank-1": freeze_rank_1,
+        "sampler": lambda step: after_checkpoint(step, stop_samplers), "rank-1": lambda step: after_checkpoint(step, stop_rank_1),
     }
     freezes[what](int(step))
     run_ppo.main(sys.argv[2:])

@@ -14,6 +14,8 @@ import argparse
 import json
 import os
 
+from paddlenlp.transformers.qwen2.tokenizer import PRETOKENIZE_REGEX, bytes_to_unicode
+
 from paddle_alignment.chat_format import CHAT_TEMPLATE
 
 QWEN_SPECIALS = (
@@ -66,14 +68,15 @@ FAMILIES = {"qwen2": qwen_family, "llama": llama3_family}
 
 
 def byte_symbols():
-    from paddlenlp.transformers.qwen2.tokenizer import bytes_to_unicode
-
     return [bytes_to_unicode()[b] for b in range(256)]
 
 
-def tokenizer_json(vocab, added):
-    """tokenizer.json of the `tokenizers` library: byte-level BPE without merges over `vocab`, plus `added`."""
+def tokenizer_json(vocab, added, merges=()):
+    """tokenizer.json of the `tokenizers` library: byte-level BPE with `merges` ((left, right) pairs) over
+    `vocab`, plus `added`. With merges, text is first split as Qwen2's pre-tokenizer splits it (merges act
+    within the pieces); without, no split is needed."""
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    split = {"type": "Split", "pattern": {"Regex": PRETOKENIZE_REGEX}, "behavior": "Isolated", "invert": False}
     return {
         "version": "1.0",
         "truncation": None,
@@ -83,12 +86,13 @@ def tokenizer_json(vocab, added):
             for i, (content, special) in sorted(added.items())
         ],
         "normalizer": {"type": "NFC"},
-        "pre_tokenizer": byte_level,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, byte_level]} if merges else byte_level,
         "post_processor": byte_level,
         "decoder": byte_level,
         "model": {
             "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "", "end_of_word_suffix": "",
-            "fuse_unk": False, "byte_fallback": False, "ignore_merges": False, "vocab": vocab, "merges": [],
+            "fuse_unk": False, "byte_fallback": False, "ignore_merges": False, "vocab": vocab,
+            "merges": [f"{left} {right}" for left, right in merges],
         },
     }
 

@@ -7,12 +7,14 @@ Qwen2.5 checkpoint; the tokenizer is saved beside it so the folder is a complete
 import argparse
 
 import paddle
-from paddlenlp.transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+from paddlenlp.transformers import Qwen2Config, Qwen2ForCausalLM
+
+from paddle_alignment.models.loading import pretrained_tokenizer
 
 
 def build_tiny_model(tokenizer_dir, output_dir, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, seed=0):
     """Random-init a Qwen2 sized for CPU demos (about 1M parameters at the defaults) and save it."""
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer = pretrained_tokenizer(tokenizer_dir)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,

@@ -1,6 +1,7 @@
 """Token-in-token-out across turns (agents/chat_turns.py): the ids appended after a sampled assistant turn are
 those the chat template puts there, separators included, for the tiny tokenizer, Qwen2.5's vocabulary and a
-template that groups consecutive tool answers into one turn as Qwen2.5's does."""
+template with one turn per tool answer (the tiny and real tokenizers' template groups consecutive answers into
+one user turn, as Qwen2.5's does)."""
 
 from contextlib import contextmanager
 
@@ -11,14 +12,10 @@ from llm.tools.build_tokenizer import build_tokenizer
 from paddle_alignment.agents.chat_turns import TemplateError, observation_ids
 from paddle_alignment.models.loading import load_tokenizer
 
-# Tool answers grouped into one user turn, as Qwen2.5's template groups them (this project's own Jinja).
-GROUPING_TEMPLATE = (
+# One turn of role `tool` per answer (the layout of many templates other than Qwen2.5's).
+TOOL_ROLE_TEMPLATE = (
     "{% for message in messages %}"
-    "{% if message['role'] == 'tool' %}"
-    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{ '<|im_start|>user' }}{% endif %}"
-    "{{ '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
-    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{ '<|im_end|>\\n' }}{% endif %}"
-    "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
@@ -52,7 +49,7 @@ def test_prompt_plus_sampled_turn_plus_observation_ids_equal_the_rendered_conver
 def test_the_separator_after_the_end_of_turn_token_is_part_of_the_observation(tokenizer):
     ids = observation_ids(tokenizer, ["12"])
     text = tokenizer.decode(ids)
-    assert text == "\n<|im_start|>tool\n12<|im_end|>\n<|im_start|>assistant\n"
+    assert text == "\n<|im_start|>user\n<tool_response>\n12\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
 
 @contextmanager
@@ -66,15 +63,21 @@ def chat_template(tokenizer, template):
 
 
 def test_consecutive_tool_answers_are_joined_as_the_template_groups_them(tokenizer):
-    with chat_template(tokenizer, GROUPING_TEMPLATE):
-        question = [{"role": "user", "content": "3+4="}]
-        prompt = full_render_ids(tokenizer, question)
-        sampled = tokenizer.encode("7", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        messages = question + [{"role": "assistant", "content": "7"}, {"role": "tool", "content": "1"}, {"role": "tool", "content": "2"}]
-        assert prompt + sampled + observation_ids(tokenizer, ["1", "2"]) == full_render_ids(tokenizer, messages)
+    question = [{"role": "user", "content": "3+4="}]
+    prompt = full_render_ids(tokenizer, question)
+    sampled = tokenizer.encode("7", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    messages = question + [{"role": "assistant", "content": "7"}, {"role": "tool", "content": "1"}, {"role": "tool", "content": "2"}]
+    assert prompt + sampled + observation_ids(tokenizer, ["1", "2"]) == full_render_ids(tokenizer, messages)
+    assert tokenizer.decode(observation_ids(tokenizer, ["1", "2"])) == (
+        "\n<|im_start|>user\n<tool_response>\n1\n</tool_response>\n<tool_response>\n2\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_a_template_with_one_turn_per_tool_answer_gets_one_turn_per_answer(tokenizer):
+    with chat_template(tokenizer, TOOL_ROLE_TEMPLATE):
         assert tokenizer.decode(observation_ids(tokenizer, ["1", "2"])) == (
-            "\n<|im_start|>user\n<tool_response>\n1\n</tool_response>\n<tool_response>\n2\n</tool_response><|im_end|>\n"
-            "<|im_start|>assistant\n"
+            "\n<|im_start|>tool\n1<|im_end|>\n<|im_start|>tool\n2<|im_end|>\n<|im_start|>assistant\n"
         )
 
 

@@ -117,7 +117,7 @@ def test_budgets_end_a_trajectory_and_say_so(tokenizer, toolbox):
     eleven = tokenizer.encode('<tool_call>{"name": "add", "arguments": {"a": 10}}</tool_call>', add_special_tokens=False)["input_ids"]
     _, exp, stats, _ = rollout(tokenizer, toolbox, [eleven + [eos], [eos]], max_tool_response_tokens=1, n=1)
     text = tokenizer.decode(exp.input_ids[0].numpy().tolist(), clean_up_tokenization_spaces=False)
-    assert stats["observations_cut"] == [1] and "\n1 ...(cut)<|im_end|>" in text
+    assert stats["observations_cut"] == [1] and "<tool_response>\n1 ...(cut)\n</tool_response>" in text
     # A token budget that ends the first turn before its EOS.
     _, exp, stats, _ = rollout(tokenizer, toolbox, [call], max_dec_len=5, n=1)
     assert stats["truncated"] == [1] and exp.finished.numpy().tolist() == [False] and int(exp.response_mask.sum()) == 5

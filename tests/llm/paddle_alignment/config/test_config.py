@@ -115,11 +115,19 @@ def test_command_line_overrides_the_file(tmp_path):
         ({"rollout_correction": "tis"}, "rollout_correction='tis' is not available"),
         ({"rollout_is_threshold": 0}, "rollout_is_threshold must be > 0"),
         ({"rollout_is_threshold": 2.0, "rollout_is_threshold_lower": 3.0}, "rollout_is_threshold_lower=3.0 must lie in \\[0, rollout_is_threshold=2.0\\]"),
+        ({"environment": "envs.Guess"}, "environment: 'envs.Guess' is not module:Class"),
+        ({"environment": "envs:Guess", "tools": "tools:calc"}, "tools and environment together"),
+        ({"environment": "envs:Guess", "turn_reward_discount": 0}, "turn_reward_discount must lie in \\(0, 1\\]"),
     ],
 )
 def test_bad_configs_fail_naming_the_key(tmp_path, changes, message):
     with pytest.raises(ValueError, match=message):
         parse(tmp_path, **changes)
+
+
+def test_an_environment_may_be_the_only_reward_source(tmp_path):
+    _, _, args = parse(tmp_path, use_rule_reward=False, environment="envs:Guess")
+    assert args.environment_paths == ["envs:Guess"] and args.multi_turn and not args.use_rule_reward
 
 
 def test_missing_and_malformed_files(tmp_path):
@@ -145,7 +153,7 @@ SINGLE_CPU_PROCESS = {
 def test_every_shipped_config_parses(path):
     """Each config file is valid for its entry point, and a GPU config's parallel layout for 8 GPUs."""
     name = os.path.basename(path)
-    classes = {"sft_argument.json": FINETUNE_ARGUMENTS, "rm_argument.json": REWARD_ARGUMENTS}.get(name, ARGUMENT_CLASSES)
+    classes = FINETUNE_ARGUMENTS if name.startswith("sft_") else REWARD_ARGUMENTS if name.startswith("rm_") else ARGUMENT_CLASSES
     parsed = parse_arguments([path, *[t for key, value in SINGLE_CPU_PROCESS.items() for t in (f"--{key}", value)]], classes)
     assert len(parsed) == 3
     with open(path) as f:

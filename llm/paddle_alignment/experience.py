@@ -32,6 +32,10 @@ class Experience:
                                      single-turn). Multi-turn, the response axis holds the sampled turns and
                                      the observations between them: attention_mask is 1 on both,
                                      response_mask on the sampled tokens only
+    turn_ids         [B, R] int64    multi-turn: the turn (1, 2, ...) of each sampled token, 0 on observations and
+                                     padding (None single-turn)
+    env_returns      [B] float32     a trajectory's environment return: its turns' rewards, discounted
+                                     (agents/environments.py; None without an environment), part of scores
     prompts, labels, responses: the texts, for rewards and sample tables (multi-turn: the last turn's).
     """
 
@@ -54,6 +58,8 @@ class Experience:
     values: Optional[paddle.Tensor] = None
     returns: Optional[paddle.Tensor] = None
     turn_stats: Optional[paddle.Tensor] = None
+    turn_ids: Optional[paddle.Tensor] = None
+    env_returns: Optional[paddle.Tensor] = None
 
     @property
     def prompt_len(self):
@@ -63,7 +69,8 @@ class Experience:
         return self.input_ids.shape[0]
 
     # The fields with a response axis [B, R] (the rest are per row, or [B, P+R]).
-    RESPONSE_FIELDS = ("response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs", "advantages", "values", "returns")
+    RESPONSE_FIELDS = ("response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs", "advantages", "values", "returns",
+                       "turn_ids")
 
     def real_lengths(self):
         """(prompt lengths, response lengths) of each row [B], as numpy int arrays: the attended tokens of each
@@ -127,10 +134,10 @@ class Experience:
             "group_index": paddle.concat(groups),
             "finished": paddle.concat([b.finished for b in batches]),
         }
-        for name in ("scores", "score_parts", "unscored", "rewards", "turn_stats"):  # present once scored (or multi-turn)
+        for name in ("scores", "score_parts", "unscored", "rewards", "turn_stats", "env_returns"):  # present once scored (or multi-turn)
             if all(getattr(b, name) is not None for b in batches):
                 merged[name] = paddle.concat([getattr(b, name) for b in batches])
-        for name in ("rollout_logprobs", "old_logprobs", "ref_logprobs"):  # present when recorded at sampling time
+        for name in ("rollout_logprobs", "old_logprobs", "ref_logprobs", "turn_ids"):  # present when recorded at sampling time
             if all(getattr(b, name) is not None for b in batches):
                 merged[name] = paddle.concat([widen(b, name, 0.0, False) for b in batches])
         for name in ("prompts", "labels", "responses"):

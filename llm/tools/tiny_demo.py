@@ -1,11 +1,19 @@
-"""The tiny end-to-end demo: SFT then GRPO on CPU, with the reward server, in a few minutes.
+"""The tiny end-to-end demos: SFT then GRPO on CPU, in a few minutes.
 
-    python -m llm.tools.tiny_demo        (from the repository root)
+    python -m llm.tools.tiny_demo            (from the repository root)
+    python -m llm.tools.tiny_demo --tools    the tool task
 
-Steps: build the tokenizer, a tiny Qwen2 and the `a+b+c=` data under tiny_demo/; SFT it with
+The sum task: build the tokenizer, a tiny Qwen2 and the `a+b+c=` data under tiny_demo/; SFT it with
 config/tiny/sft_argument.json; start the reward server; run GRPO with config/tiny/grpo_argument.json
 under `paddle.distributed.launch`; stop the server. The last line printed is
 `accuracy_before=<a> accuracy_after=<b>`: greedy accuracy on held-out prompts before and after GRPO.
+
+The tool task (`--tools`): two-digit products with a `calc` tool, which a 1M-parameter model cannot compute
+alone. Build the tokenizer with Qwen2.5's tool tags, a tiny Qwen2 and the products' data; SFT on
+demonstrations of which 30% call the tool (config/tiny/sft_tool_argument.json); then GRPO twice on the same
+budget, with the tool (config/tiny/grpo_tool_argument.json, multi-turn rollouts) and with it disabled.
+The last line printed is `tool_call_rate_before=<r> accuracy_before=<a> tool_call_rate_with_tool=<r>
+accuracy_with_tool=<a> accuracy_without_tool=<a>`, all greedy on held-out products.
 """
 
 import argparse
@@ -24,6 +32,8 @@ REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 WORK_DIR = "tiny_demo"
 SFT_CONFIG = "config/tiny/sft_argument.json"
 GRPO_CONFIG = "config/tiny/grpo_argument.json"
+SFT_TOOL_CONFIG = "config/tiny/sft_tool_argument.json"
+GRPO_TOOL_CONFIG = "config/tiny/grpo_tool_argument.json"
 
 
 def run(command, env=None):
@@ -67,50 +77,87 @@ def wait_until_healthy(url, server, timeout, log_path):
     raise RuntimeError(f"the reward server at {url} did not become healthy in {timeout}s; see {log_path}")
 
 
-def read_accuracy(output_dir, split):
+def read_results(output_dir, split):
     path = os.path.join(REPO_ROOT, output_dir, f"{split}_results.json")
     with open(path, encoding="utf-8") as f:
-        return json.load(f)["eval_accuracy"]
+        return json.load(f)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nproc_per_node", type=int, default=1, help="GRPO processes (CPU data parallel with gloo)")
-    parser.add_argument("--port", type=int, default=8731, help="port of the reward server")
-    args = parser.parse_args()
+def grpo_env(nproc_per_node):
+    """The environment of the GRPO processes. paddle.distributed.launch hands its own OMP_NUM_THREADS=1 down to
+    the processes it starts, which leaves MKL one thread each: share the usable cores among them unless the user
+    chose thread counts (on 2 idle cores the sum task's GRPO stage took 53 s with one MKL thread, 44 s with two)."""
+    env = dict(os.environ)
+    if not {"OMP_NUM_THREADS", "MKL_NUM_THREADS"} & set(os.environ):
+        env["MKL_NUM_THREADS"] = str(max(1, usable_cpus() // nproc_per_node))
+    return env
 
-    started = time.time()
+
+def run_grpo(config, nproc_per_node, options=()):
+    """run_ppo.py with `config` under paddle.distributed.launch, then `options`. The SFT model is new: an earlier
+    demo's GRPO checkpoints must not be resumed (they would report that run's accuracy as this one's)."""
+    run(
+        [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc_per_node),
+         "--log_dir", f"{WORK_DIR}/launch_log", "llm/alignment/ppo/run_ppo.py", config, *options,
+         "--overwrite_output_dir", "true"],
+        env=grpo_env(nproc_per_node),
+    )
+
+
+def sum_demo(args):
     python = sys.executable
     grpo = read_config(GRPO_CONFIG)
     sft = read_config(SFT_CONFIG)
-    os.makedirs(os.path.join(REPO_ROOT, WORK_DIR), exist_ok=True)
     run([python, "-m", "llm.tools.build_tokenizer", "--output_dir", f"{WORK_DIR}/models/tokenizer"])
     run([python, "-m", "llm.tools.build_tiny_model", "--tokenizer_dir", f"{WORK_DIR}/models/tokenizer", "--output_dir", sft["model_name_or_path"]])
     run([python, "-m", "llm.tools.gen_arith", "--output_dir", f"{WORK_DIR}/data"])
     run([python, "llm/run_finetune.py", SFT_CONFIG])
-
-    # paddle.distributed.launch hands its own OMP_NUM_THREADS=1 down to the processes it starts, which leaves
-    # MKL one thread each: share the usable cores among them unless the user chose thread counts (on 2 idle
-    # cores the GRPO stage took 53 s with one MKL thread, 44 s with two).
-    env = dict(os.environ)
-    if not {"OMP_NUM_THREADS", "MKL_NUM_THREADS"} & set(os.environ):
-        env["MKL_NUM_THREADS"] = str(max(1, usable_cpus() // args.nproc_per_node))
     with reward_server(grpo["reward_task"], args.port, os.path.join(REPO_ROOT, WORK_DIR, "reward_server.log")) as url:
-        run(
-            [python, "-m", "paddle.distributed.launch", "--nproc_per_node", str(args.nproc_per_node),
-             "--log_dir", f"{WORK_DIR}/launch_log", "llm/alignment/ppo/run_ppo.py", GRPO_CONFIG, "--reward_server", url,
-             # The SFT model is new: an earlier demo's GRPO checkpoints must not be resumed (they would report
-             # that run's accuracy as this one's).
-             "--overwrite_output_dir", "true"],
-            env=env,
-        )
-
-    before = read_accuracy(grpo["output_dir"], "initial_eval")
-    after = read_accuracy(grpo["output_dir"], "eval")
+        run_grpo(GRPO_CONFIG, args.nproc_per_node, ["--reward_server", url])
+    before = read_results(grpo["output_dir"], "initial_eval")["eval_accuracy"]
+    after = read_results(grpo["output_dir"], "eval")["eval_accuracy"]
     print(f"\nGRPO policy: {grpo['output_dir']}/policy")
     print(f"VisualDL logs: visualdl --logdir {WORK_DIR}/vdl_log  (SFT: {sft['logging_dir']}, GRPO: {grpo['logging_dir']})")
+    return f"accuracy_before={before:.4f} accuracy_after={after:.4f}"
+
+
+def tool_demo(args):
+    python = sys.executable
+    grpo = read_config(GRPO_TOOL_CONFIG)
+    sft = read_config(SFT_TOOL_CONFIG)
+    tokenizer_dir = f"{WORK_DIR}/models/tokenizer-tools"
+    run([python, "-m", "llm.tools.build_tokenizer", "--output_dir", tokenizer_dir, "--tool_tags"])
+    run([python, "-m", "llm.tools.build_tiny_model", "--tokenizer_dir", tokenizer_dir, "--output_dir", sft["model_name_or_path"]])
+    run([python, "-m", "llm.tools.gen_calc", "--output_dir", os.path.dirname(sft["dataset_name_or_path"])])
+    run([python, "llm/run_finetune.py", SFT_TOOL_CONFIG])
+    run_grpo(GRPO_TOOL_CONFIG, args.nproc_per_node)
+    without = {"output_dir": grpo["output_dir"] + "-disabled", "logging_dir": grpo["logging_dir"] + "-disabled"}
+    run_grpo(GRPO_TOOL_CONFIG, args.nproc_per_node, ["--tools", "", *[f"--{k}={v}" for k, v in without.items()]])
+    before = read_results(grpo["output_dir"], "initial_eval")
+    with_tool = read_results(grpo["output_dir"], "eval")
+    without_tool = read_results(without["output_dir"], "eval")
+    print(f"\nGRPO policies: {grpo['output_dir']}/policy (with the tool), {without['output_dir']}/policy (without)")
+    print(f"VisualDL logs: visualdl --logdir {WORK_DIR}/vdl_log  (SFT: {sft['logging_dir']}, GRPO: {grpo['logging_dir']}, "
+          f"{without['logging_dir']})")
+    return (
+        f"tool_call_rate_before={before['eval_tool_call_rate']:.4f} accuracy_before={before['eval_accuracy']:.4f} "
+        f"tool_call_rate_with_tool={with_tool['eval_tool_call_rate']:.4f} accuracy_with_tool={with_tool['eval_accuracy']:.4f} "
+        f"accuracy_without_tool={without_tool['eval_accuracy']:.4f}"
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tools", action="store_true", help="the tool task (products with a calc tool) instead of the sum task")
+    parser.add_argument("--nproc_per_node", type=int, default=1, help="GRPO processes (CPU data parallel with gloo)")
+    parser.add_argument("--port", type=int, default=8731, help="port of the sum task's reward server")
+    args = parser.parse_args()
+
+    started = time.time()
+    os.makedirs(os.path.join(REPO_ROOT, WORK_DIR), exist_ok=True)
+    summary = tool_demo(args) if args.tools else sum_demo(args)
     print(f"wall time: {time.time() - started:.0f}s")
-    print(f"accuracy_before={before:.4f} accuracy_after={after:.4f}")
+    print(summary)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from paddlenlp.trainer import Trainer
 from paddlenlp.utils.log import logger
 
 from paddle_alignment import watchdog
-from paddle_alignment.agents.rollout import turn_metrics
+from paddle_alignment.agents.rollout import called_tools, turn_metrics
 from paddle_alignment.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
 from paddle_alignment.algos.losses import LossScale
 from paddle_alignment.algos.masked import masked_mean
@@ -82,6 +82,12 @@ def hybrid_parallel_step(optimizer):
         grad_norm = gradient_norm(parameters)
     optimizer._step(parameters)
     return grad_norm
+
+
+def token_weighted_means(sums):
+    """{key: sum / count} of the "key:sum" and "key:count" totals in `sums`, for the keys with a count."""
+    keys = [key[: -len(":sum")] for key in sums if key.endswith(":sum")]
+    return {key: sums[f"{key}:sum"] / sums[f"{key}:count"] for key in keys if sums[f"{key}:count"] > 0}
 
 
 class PPOTrainer(FusedOptimizerMixin, Trainer):
@@ -407,11 +413,13 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         """`update_iters` passes over micro-batches, one optimizer step of the actor (and critic) every
         `gradient_accumulation_steps`; each step's loss is averaged over the whole step (see LossScale).
         Metrics: `loss/*` are each micro-batch's share of its step's loss, so their sums over a step and
-        mean over ranks are the step's loss, averaged over steps; other statistics are micro-batch means."""
+        mean over ranks are the step's loss, averaged over steps; a statistic given as (sum, count) is a mean over
+        every token of the step and the ranks; other statistics are micro-batch means."""
         args = self.args
         size, accumulate = args.per_device_train_batch_size, args.gradient_accumulation_steps
         self.model.train()
-        shares, means, maxima, count, grad_norms = {}, {}, {}, 0, {"grad_norm": [], "critic_grad_norm": []}
+        shares, means, maxima, ratios, count = {}, {}, {}, {}, 0
+        grad_norms = {"grad_norm": [], "critic_grad_norm": []}
         # Each optimizer step takes the rows of `accumulate` micro-batches of `size` rows in rollout order,
         # which micro_batches.py then splits by their tokens.
         starts = [s for _ in range(args.update_iters) for s in range(0, len(exp), size)]
@@ -432,11 +440,14 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
                 if self.critic is not None:
                     stats |= self.backward(self.critic_wrapped, self.value_loss, micro, scale, steps_now)
                 for key, value in stats.items():
-                    if is_maximum(key):
+                    if isinstance(value, tuple):  # (sum, count): a token-weighted mean over the whole step
+                        ratios[f"{key}:sum"] = ratios.get(f"{key}:sum", 0.0) + float(value[0])
+                        ratios[f"{key}:count"] = ratios.get(f"{key}:count", 0.0) + float(value[1])
+                    elif is_maximum(key):
                         maxima[key] = max(maxima.get(key, -math.inf), float(value))
-                        continue
-                    pool = shares if key.startswith("loss/") else means
-                    pool[key] = pool.get(key, 0.0) + float(value)
+                    else:
+                        pool = shares if key.startswith("loss/") else means
+                        pool[key] = pool.get(key, 0.0) + float(value)
                 count += 1
             grad_norms["grad_norm"].append(self.optimizer_step(self.model, self.optimizer, self.lr_scheduler))
             if self.critic is not None:
@@ -444,6 +455,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
                 grad_norms["critic_grad_norm"].append(critic_norm)
         metrics = mean_over_ranks({k: v / len(steps) for k, v in shares.items()} | {k: v / count for k, v in means.items()}, "update metrics")
         metrics |= all_reduce_scalars(maxima, op=dist.ReduceOp.MAX, what="update metrics")
+        metrics |= token_weighted_means(all_reduce_scalars(ratios, what="update metrics"))
         metrics |= {name: float(np.mean(norms)) for name, norms in grad_norms.items() if norms}
         metrics["lr"] = self.lr_scheduler.get_lr()
         if self.critic is not None:
@@ -491,7 +503,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
             )
         loss, stats = self.policy_objective.loss(
             logprobs, entropy, micro.old_logprobs, micro.ref_logprobs, micro.advantages, micro.response_mask, scale,
-            micro.rollout_logprobs,
+            micro.rollout_logprobs, micro.turn_ids,
         )
         if self.ptx_batches is not None:
             with self.autocast_smart_context_manager():
@@ -578,20 +590,25 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
                 writer.add_text("samples", table, self.state.global_step)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
-        """Greedy accuracy (when the reward has a max score) and mean reward on this rank's share of the eval
-        prompts, summed over ranks."""
+        """Greedy accuracy (when the reward has a max score), mean reward and, with tools, the fraction of answers
+        that called one, on this rank's share of the eval prompts, summed over ranks."""
         dataset = eval_dataset or self.eval_dataset
         shard = rank_shard(len(dataset))
         size = self.args.per_device_eval_batch_size
-        totals = {"correct": 0.0, "reward": 0.0, "count": 0.0}
+        totals = {"correct": 0.0, "reward": 0.0, "tool_callers": 0.0, "count": 0.0}
         for start in range(0, len(shard), size):
-            scores = self.rollout_worker.greedy_scores([dataset[i] for i in shard[start : start + size]])
+            exp = self.rollout_worker.greedy_rollouts([dataset[i] for i in shard[start : start + size]])
+            scores = exp.scores.numpy()
             if self.reward_scorer.max_score is not None:
-                totals["correct"] += sum(s >= self.reward_scorer.max_score for s in scores)
-            totals["reward"] += sum(scores)
+                totals["correct"] += float(np.sum(scores >= self.reward_scorer.max_score))
+            if exp.turn_stats is not None:
+                totals["tool_callers"] += float(np.sum(called_tools(exp.turn_stats)))
+            totals["reward"] += float(scores.sum())
             totals["count"] += len(scores)
         totals = all_reduce_scalars(totals, what="evaluation totals")
         metrics = {f"{metric_key_prefix}_reward_mean": totals["reward"] / totals["count"]}
         if self.reward_scorer.max_score is not None:
             metrics[f"{metric_key_prefix}_accuracy"] = totals["correct"] / totals["count"]
+        if self.args.tool_paths:
+            metrics[f"{metric_key_prefix}_tool_call_rate"] = totals["tool_callers"] / totals["count"]
         return metrics

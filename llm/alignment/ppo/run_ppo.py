@@ -4,6 +4,7 @@
         llm/alignment/ppo/run_ppo.py config/qwen/grpo_argument.json [--key value ...]
 """
 
+import functools
 import os
 import sys
 
@@ -18,6 +19,7 @@ import paddle
 from paddlenlp.trainer import set_seed
 
 from llm.alignment.ppo.ppo_trainer import PPOTrainer
+from paddle_alignment.agents.environments import environment_path
 from paddle_alignment.checkpoints.folders import claim_output_dir, resolve_resume_checkpoint
 from paddle_alignment.config.arguments import parse_arguments
 from paddle_alignment.data import PromptOnlyDataset, SupervisedDataset
@@ -50,12 +52,16 @@ def build_trainer(argv):
     reward_tokenizer = load_tokenizer(model_args.reward_model_name_or_path) if reward_model is not None else None
     reward_scorer = build_reward_scorer(training_args, reward_model, reward_tokenizer)
 
+    environments = training_args.environment_paths
+    environment_of = functools.partial(environment_path, environments) if environments else None
+
     def prompts(datasets, max_samples=0):
         # Rule rewards and the reward server compare responses with the reference answer.
         return PromptOnlyDataset(
-            datasets, tokenizer, data_args.max_prompt_len, max_samples, require_label=reward_model is None,
+            datasets, tokenizer, data_args.max_prompt_len, max_samples,
+            require_label=training_args.use_rule_reward or training_args.use_rm_server,
             filter_overlong_prompts=data_args.filter_overlong_prompts, check_label=reference_checker(reward_scorer),
-            **columns,
+            environment_of=environment_of, **columns,
         )
 
     return PPOTrainer(

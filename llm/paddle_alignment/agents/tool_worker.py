@@ -1,26 +1,43 @@
-"""The worker process of agents/tools.py: imports a tool function by its path and calls it (deadline_workers.py's
-protocol). A tool that hangs is killed with its worker; one that raises answers with its error."""
+"""The worker process of agents/tools.py and agents/environments.py (deadline_workers.py's protocol): calls a
+tool function by its path, or resets and steps an environment whose instance travels pickled. A call that hangs
+is killed with its worker; one that raises answers with its error."""
 
 import importlib
 
+from paddle_alignment.agents.environments import checked_step, pickled, unpickled
 from paddle_alignment.deadline_workers import serve
 
-_functions = {}
+_objects = {}
 
 
-def function_at(path):
-    """The function at "module:qualified.name", imported once per worker."""
-    if path not in _functions:
+def object_at(path):
+    """The function or class at "module:qualified.name", imported once per worker."""
+    if path not in _objects:
         module, _, name = path.partition(":")
         target = importlib.import_module(module)
         for part in name.split("."):
             target = getattr(target, part)
-        _functions[path] = target
-    return _functions[path]
+        _objects[path] = target
+    return _objects[path]
+
+
+def environment_call(request):
+    cls = object_at(request["environment"])
+    if request["op"] == "check":
+        return cls.__name__
+    if request["op"] == "reset":
+        environment = cls()
+        environment.reset(request["row"])
+        return {"state": pickled(environment)}
+    environment = unpickled(request["state"])
+    result = checked_step(environment.step(request["action"]), cls.__name__)
+    return {"state": pickled(environment), **result}
 
 
 def handle(request):
-    function = function_at(request["path"])
+    if "environment" in request:
+        return environment_call(request)
+    function = object_at(request["path"])
     return function.__name__ if request.get("check") else str(function(**request["arguments"]))
 
 

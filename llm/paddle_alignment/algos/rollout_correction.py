@@ -96,3 +96,15 @@ def mismatch_metrics(old_logprobs, rollout_logprobs, mask):
         "rollout_corr/is_ratio_mean": masked_mean(ratio, mask),
         "rollout_corr/k3_kl": masked_mean(k3_of_ratio(ratio, log_ratio), mask),
     }
+
+
+def turn_mismatch_metrics(old_logprobs, rollout_logprobs, mask, turn_ids, turns):
+    """Multi-turn: the mean |old - rollout| over the sampled tokens of each turn k = 1..`turns` (`turn_ids`: each
+    token's turn, 0 on observations), as (sum, count) pairs, so that means over micro-batches and ranks weigh
+    every token alike (a micro-batch may hold no token of a late turn)."""
+    difference = (old_logprobs - rollout_logprobs).abs() * mask
+    metrics = {}
+    for turn in range(1, turns + 1):
+        in_turn = (turn_ids == turn).astype(mask.dtype) * mask
+        metrics[f"rollout_corr/logprob_diff_mean/turn_{turn}"] = ((difference * in_turn).sum(), in_turn.sum())
+    return metrics

@@ -524,7 +524,8 @@ class CriticArguments:
 
 @dataclass
 class MultiTurnArguments:
-    """Parameters of multi-turn rollouts with tools (docs/multi_turn.md): set `tools` to turn them on."""
+    """Parameters of multi-turn rollouts with tools or environments (docs/multi_turn.md): set `tools` or
+    `environment` to turn them on."""
 
     tools: str = field(
         default="", metadata={"help": "Comma-separated tools the policy may call, each a typed, documented Python function as module:function (importable where the run starts; empty: single-turn rollouts)."}
@@ -534,8 +535,12 @@ class MultiTurnArguments:
     )
     max_turns: int = field(default=4, metadata={"help": "Assistant turns per trajectory at most; max_dec_len bounds a trajectory's sampled and observation tokens together."})
     max_tool_response_tokens: int = field(default=256, metadata={"help": "A tool's answer is cut to this many tokens (and counted in multi_turn/observations_cut)."})
-    tool_timeout: float = field(default=10.0, metadata={"help": "Seconds a tool call may run before it is stopped and answers with a timeout error."})
-    tool_workers: int = field(default=2, metadata={"help": "Worker processes running tool calls (per rank or sampler)."})
+    tool_timeout: float = field(default=10.0, metadata={"help": "Seconds a tool call (or an environment's reset or step) may run before it is stopped: a tool answers with a timeout error, an environment's trajectory ends."})
+    tool_workers: int = field(default=2, metadata={"help": "Worker processes running tool calls and environment steps (per rank or sampler)."})
+    environment: str = field(
+        default="", metadata={"help": "Comma-separated environments that answer each turn, each a subclass of paddle_alignment.agents.environments.Environment as module:Class; a data row picks one by class name in its `environment` column (with one, every row uses it). Instead of tools; its turn rewards add up to each trajectory's environment return, added to the reward source's score (no reward source: the return is the score)."}
+    )
+    turn_reward_discount: float = field(default=1.0, metadata={"help": "An environment return is the sum of discount**t x the reward of turn t (t from 0); 1.0: their sum."})
 
     def validate_multi_turn(self):
         if self.tool_call_style not in TOOL_CALL_STYLES:
@@ -548,10 +553,25 @@ class MultiTurnArguments:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
         if self.tool_timeout <= 0:
             raise ValueError(f"tool_timeout must be positive, got {self.tool_timeout}")
+        for spec in self.environment_paths:
+            if spec.count(":") != 1 or not all(spec.split(":")):
+                raise ValueError(f"environment: {spec!r} is not module:Class")
+        if self.tool_paths and self.environment_paths:
+            raise ValueError("tools and environment together: an environment answers every turn itself (call the tools from its step)")
+        if not 0 < self.turn_reward_discount <= 1:
+            raise ValueError(f"turn_reward_discount must lie in (0, 1], got {self.turn_reward_discount}")
 
     @property
     def tool_paths(self):
         return [spec.strip() for spec in self.tools.split(",") if spec.strip()]
+
+    @property
+    def environment_paths(self):
+        return [spec.strip() for spec in self.environment.split(",") if spec.strip()]
+
+    @property
+    def multi_turn(self):
+        return bool(self.tool_paths or self.environment_paths)
 
 
 @dataclass
@@ -857,10 +877,10 @@ def validate_across(parsed, given=None):
     training_args = next((a for a in parsed if isinstance(a, RLTrainingArguments)), None)
     if model_args and training_args:
         sources = [training_args.use_rm_server, training_args.use_rule_reward, model_args.reward_model_name_or_path is not None]
-        if sum(sources) != 1:
+        if sum(sources) > 1 or (sum(sources) == 0 and not training_args.environment_paths):
             raise ValueError(
                 "set exactly one reward source: use_rm_server (reward server), use_rule_reward (in-process rule) "
-                "or reward_model_name_or_path (reward model)"
+                "or reward_model_name_or_path (reward model); with an environment, none (its returns are the scores)"
             )
     if model_args and not model_args.lora:
         for key in ("lora_path", "lora_target_modules", "lora_save_merged"):

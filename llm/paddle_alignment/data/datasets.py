@@ -97,13 +97,15 @@ class PromptOnlyDataset(TokenizedDataset):
     one stops the run; else it is "". `check_label` (the rule reward's `check_target`) raises TargetError
     for a label the reward cannot read: the run stops before training, naming the file, line and value.
     Prompts over `max_prompt_len` tokens are truncated on the tokenizer's truncation side (PaddleNLP's
-    RLHFDataset; the reward still sees the whole prompt text), or skipped with `filter_overlong_prompts`."""
+    RLHFDataset; the reward still sees the whole prompt text), or skipped with `filter_overlong_prompts`.
+    With `environment_of` (multi-turn environments), item["environment"] is `environment_of(name, where)` of the
+    row's `environment` column, which raises for a name that is not configured."""
 
     def __init__(
         self, datasets, tokenizer, max_prompt_len, max_samples=0, require_label=False, filter_overlong_prompts=False,
-        check_label=None, **options,
+        check_label=None, environment_of=None, **options,
     ):
-        self.max_prompt_len, self.require_label = max_prompt_len, require_label
+        self.max_prompt_len, self.require_label, self.environment_of = max_prompt_len, require_label, environment_of
         self.filter_overlong_prompts, self.truncated = filter_overlong_prompts, 0
         self.locations = []
         super().__init__(datasets, tokenizer, **options)
@@ -128,7 +130,10 @@ class PromptOnlyDataset(TokenizedDataset):
             keep_end = getattr(self.tokenizer, "truncation_side", "right") == "left"
             input_ids = input_ids[-self.max_prompt_len :] if keep_end else input_ids[: self.max_prompt_len]
         self.locations.append(where)
-        return {"prompt": prompt, "label": sample.answer or "", "input_ids": input_ids}
+        item = {"prompt": prompt, "label": sample.answer or "", "input_ids": input_ids}
+        if self.environment_of is not None:
+            item["environment"] = self.environment_of(sample.environment or "", where)
+        return item
 
 
 def check_labels(check_label, labels, locations, label_key):

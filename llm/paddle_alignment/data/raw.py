@@ -30,6 +30,7 @@ class RawSample:
     safer          `answer` is safer than `other_answer`
     is_safe, is_other_safe: safety labels of the two replies
     prompt         literal prompt text used as it is, without a chat template (`src`/`tgt` data)
+    environment    the multi-turn environment of the row's episodes (its class name; agents/environments.py)
     """
 
     input: Union[str, List[str], None] = None
@@ -41,6 +42,7 @@ class RawSample:
     is_safe: Optional[bool] = None
     is_other_safe: Optional[bool] = None
     prompt: Optional[str] = None
+    environment: Optional[str] = None
 
 
 RAW_DATASETS = {}

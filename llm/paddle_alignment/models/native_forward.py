@@ -12,7 +12,9 @@ float32 CPU Qwen2/Llama on one device without LoRA adapters. Callers then run th
   over real tokens (`position_ids_from_mask`), the final hidden states of the positions that predict the
   response only, which the LM head (`lm_head`) projects a chunk of tokens at a time (models/head_logprobs.py);
 - `NativeCacheSession`: the static-cache decode loop's forward (models/static_cache_decoder.py), positions
-  i of the left-padded batch being i for every row, keys and values kept in one cache tensor.
+  i of the left-padded batch being i for every row, keys and values kept in one cache tensor; for multi-turn
+  rollouts, positions counted over each row's real tokens, and each row's cache (`RowCache`) carried from one
+  turn's session to the next (`continuing`).
 
 Results equal paddlenlp's forward to 1e-5 (float32) on every position a caller reads. A query with no
 visible key (a left-padding position) gets a zero attention output where paddlenlp averages over the
@@ -23,6 +25,7 @@ import logging
 import os
 from functools import lru_cache
 
+import numpy as np
 import paddle
 
 from paddle_alignment.algos.token_stats import position_ids_from_mask
@@ -146,33 +149,82 @@ class NativeDecoder:
 
 class NativeCacheSession:
     """The static-cache decode loop's forward on the native op: forward(input_ids [B, L]) -> logits of the
-    last position [B, V], appending to one cache of `max_len` positions; position i of the left-padded
-    batch is i for every row, and prompt padding is masked."""
+    last position [B, V], appending to one cache of `max_len` slots, prompt padding masked. Position i of the
+    left-padded batch is i for every row; with `real_positions` (a session whose rows' caches carry over to
+    later turns, `continuing` and `row_cache`), positions count each row's real tokens, as the trainer's
+    forward counts them (`position_ids_from_mask`), so that a row's cache does not depend on its padding."""
 
-    def __init__(self, decoder, batch_size, max_len, prompt_mask):
+    def __init__(self, decoder, batch_size, max_len, prompt_mask, real_positions=False, cache=None):
         self.decoder, self.batch_size = decoder, batch_size
-        self.cache = decoder.new_cache(batch_size, max_len)
+        self.cache = decoder.new_cache(batch_size, max_len) if cache is None else cache
         generated = paddle.ones([batch_size, max_len - prompt_mask.shape[1]], dtype="int64")
         self.key_valid = paddle.concat([prompt_mask.astype("int64"), generated], axis=1)
         self.rope = decoder.rope_tables(max_len)
-        self.position = 0
+        self.position = 0  # the next cache slot
+        # The position of slot `self.position` in each row (a left-padding slot's may be negative: it is clipped).
+        padding = prompt_mask.shape[1] - prompt_mask.astype("int64").sum(axis=1)
+        self.row_position = -padding if real_positions else paddle.zeros([batch_size], dtype="int64")
+
+    @classmethod
+    def continuing(cls, decoder, caches, block_mask, max_dec):
+        """A session whose row r holds the cached keys and values `caches[r]` (RowCache: its trajectory's first
+        tokens) and continues with a left-padded block of `block_mask` [B, L] next tokens, then up to `max_dec`
+        generated ones. The cached tokens are right-aligned at the slots before the block."""
+        lengths = np.array([cache.length for cache in caches])
+        history, (batch, block) = int(lengths.max()), block_mask.shape
+        # Every row's tokens in one scatter into [B * history, F], then the cache's layout and its free slots.
+        slots = np.concatenate([row * history + np.arange(history - length, history) for row, length in enumerate(lengths)])
+        tokens = paddle.zeros([batch * history, caches[0].kv.shape[1]], dtype="float32")
+        tokens = paddle.scatter(tokens, paddle.to_tensor(slots, dtype="int64"), paddle.concat([c.kv for c in caches]))
+        layers, _, _, kv_heads, _, head_dim = decoder.cache_shape
+        past = tokens.reshape([batch, history, layers, 2, kv_heads, head_dim]).transpose([2, 3, 0, 4, 1, 5])
+        free = paddle.empty([layers, 2, batch, kv_heads, block + max_dec, head_dim], dtype="float32")
+        past_mask = paddle.to_tensor(np.arange(history)[None, :] >= (history - lengths)[:, None], dtype="int64")
+        session = cls(decoder, batch, history + block + max_dec, paddle.concat([past_mask, block_mask.astype("int64")], axis=1),
+                      cache=paddle.concat([past, free], axis=4))
+        session.position = history
+        session.row_position = paddle.to_tensor(lengths, dtype="int64") - (block - block_mask.astype("int64").sum(axis=1))
+        return session
 
     def forward(self, input_ids):
         start, length = self.position, input_ids.shape[1]
-        positions = paddle.arange(start, start + length, dtype="int64").unsqueeze(0).tile([self.batch_size, 1])
+        positions = (self.row_position.unsqueeze(1) + paddle.arange(length, dtype="int64")).clip(min=0)
         logits = self.decoder(input_ids.astype("int64"), positions, self.key_valid, self.cache, self.rope, start,
                               length - 1, length)
         self.position = start + length
+        self.row_position = self.row_position + length
         return logits.reshape([self.batch_size, -1])
+
+    def row_caches(self, rows, counts):
+        """The RowCaches of rows `rows` (their positions in the batch) holding their first `counts` real tokens
+        (at most those fed so far): one gather of every row's tokens."""
+        valid = self.key_valid[:, : self.position].numpy()
+        length = self.cache.shape[4]
+        slots = np.concatenate([i * length + np.flatnonzero(valid[row])[:count] for i, (row, count) in enumerate(zip(rows, counts))])
+        selected = paddle.index_select(self.cache, paddle.to_tensor(rows, dtype="int64"), axis=2)
+        layers, _, _, kv_heads, _, head_dim = self.decoder.cache_shape
+        tokens = selected.transpose([2, 4, 0, 1, 3, 5]).reshape([len(rows) * length, layers * 2 * kv_heads * head_dim])
+        gathered = paddle.split(paddle.index_select(tokens, paddle.to_tensor(slots, dtype="int64")), list(counts))
+        return [RowCache(kv, count) for kv, count in zip(gathered, counts)]
 
     def repeat_rows(self, copies):
         """See StaticCacheDecoder.repeat_rows."""
         self.cache = paddle.repeat_interleave(self.cache, copies, axis=2)
         self.key_valid = paddle.repeat_interleave(self.key_valid, copies, axis=0)
+        self.row_position = paddle.repeat_interleave(self.row_position, copies, axis=0)
         self.batch_size *= copies
 
     def keep_rows(self, kept):
         """See StaticCacheDecoder.keep_rows."""
         self.cache = paddle.index_select(self.cache, kept, axis=2)
         self.key_valid = paddle.index_select(self.key_valid, kept)
+        self.row_position = paddle.index_select(self.row_position, kept)
         self.batch_size = kept.shape[0]
+
+
+class RowCache:
+    """The keys and values of a trajectory's first `length` tokens, [length, layers x 2 x kv_heads x head_dim],
+    at positions 0 .. length - 1: what a later turn of the trajectory continues from instead of prefilling them."""
+
+    def __init__(self, kv, length):
+        self.kv, self.length = kv, length

@@ -15,7 +15,7 @@ from paddle_alignment.algos import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSS
 from paddle_alignment.algos.losses import LossScale, clipped_value_loss
 from paddle_alignment.algos.masked import masked_mean
 from paddle_alignment.algos.registry import call_with_options
-from paddle_alignment.algos.rollout_correction import mismatch_metrics
+from paddle_alignment.algos.rollout_correction import mismatch_metrics, turn_mismatch_metrics
 from paddle_alignment.algos.token_stats import position_ids_from_mask
 from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
 from paddle_alignment.models.head_logprobs import DEFAULT_CHUNK_TOKENS, head_token_stats
@@ -48,6 +48,7 @@ class PolicyObjective:
     rollout_correction: Callable = None
     rollout_is_threshold: float = 2.0
     rollout_is_threshold_lower: float = 0.5
+    max_turns: int = 1  # of multi-turn trajectories: the turns the mismatch is measured per
 
     @classmethod
     def from_args(cls, args):
@@ -56,7 +57,7 @@ class PolicyObjective:
             POLICY_LOSSES.get(args.policy_loss), KL_ESTIMATORS.get(args.kl_estimator), LOSS_AGGREGATIONS.get(args.loss_agg_mode),
             args.kl_loss_coeff, args.entropy_coeff, args.clip_range_ratio_low, args.clip_range_ratio_high,
             args.clip_ratio_c, args.temperature, args.pg_loss_coeff, args.sapo_tau_pos, args.sapo_tau_neg,
-            args.max_dec_len, correction, args.rollout_is_threshold, args.rollout_is_threshold_lower,
+            args.max_dec_len, correction, args.rollout_is_threshold, args.rollout_is_threshold_lower, args.max_turns,
         )
 
     def token_logprobs(self, logits, labels):
@@ -65,19 +66,19 @@ class PolicyObjective:
         return token_logprobs_and_entropy(logits, labels, self.temperature)[0]
 
     def __call__(self, logits, labels, old_logprobs, ref_logprobs, advantages, response_mask, scale=None,
-                 rollout_logprobs=None):
+                 rollout_logprobs=None, turn_ids=None):
         """`logits` [B, R, V] predict the response tokens `labels` [B, R]; see `loss`."""
         logprobs, token_entropy = token_logprobs_and_entropy(logits, labels, self.temperature)
         return self.loss(logprobs, token_entropy, old_logprobs, ref_logprobs, advantages, response_mask, scale,
-                         rollout_logprobs)
+                         rollout_logprobs, turn_ids)
 
     def loss(self, logprobs, token_entropy, old_logprobs, ref_logprobs, advantages, response_mask, scale=None,
-             rollout_logprobs=None):
+             rollout_logprobs=None, turn_ids=None):
         """The objective from the current log-probs and entropies of the response tokens [B, R] (see
         `response_token_stats`); `old_logprobs` None means on-policy (the detached current log-probs); `scale`
         (a LossScale) makes the loss this micro-batch's share of the optimizer step's (None: the micro-batch
-        alone); `rollout_logprobs`: the sampler's (None: no correction, no mismatch metrics). Returns (loss,
-        stats)."""
+        alone); `rollout_logprobs`: the sampler's (None: no correction, no mismatch metrics); `turn_ids`: each
+        token's turn in multi-turn trajectories (the mismatch per turn too). Returns (loss, stats)."""
         old_logprobs = logprobs.detach() if old_logprobs is None else old_logprobs
         scale = scale or LossScale.of(response_mask, self.response_budget)
         token_loss, stats = call_with_options(
@@ -87,6 +88,9 @@ class PolicyObjective:
         )
         if rollout_logprobs is not None:
             token_loss = self.corrected(token_loss, old_logprobs, rollout_logprobs, response_mask, stats)
+            if turn_ids is not None:
+                with paddle.no_grad():
+                    stats |= turn_mismatch_metrics(old_logprobs, rollout_logprobs, response_mask, turn_ids, self.max_turns)
         # The entropy is differentiated only when it is part of the loss.
         if self.entropy_coeff <= 0:
             token_entropy = token_entropy.detach()

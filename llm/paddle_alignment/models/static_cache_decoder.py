@@ -23,7 +23,7 @@ import paddle.nn.functional as F
 from paddle_alignment.distributed import hybrid_communicate_group
 from paddle_alignment.models.decoder_weights import LayerWeights, LMHead, RMSNorm, VocabParallelEmbedding, unsupported_reason
 from paddle_alignment.models.fused_kernels import rotary
-from paddle_alignment.models.native_forward import NativeCacheSession, NativeDecoder
+from paddle_alignment.models.native_forward import NativeCacheSession, NativeDecoder, native_ops, native_unsupported_reason
 from paddle_alignment.models.tensor_parallel import is_tensor_parallel
 
 def tensor_parallel_group(model):
@@ -32,15 +32,23 @@ def tensor_parallel_group(model):
 
 
 class StaticCacheDecoder:
-    """prefill(input_ids, attention_mask) then step(tokens) -> logits of the last position, [B, V]."""
+    """prefill(input_ids, attention_mask) then step(tokens) -> logits of the last position, [B, V].
 
-    def __init__(self, model, batch_size, max_len, prompt_mask):
+    With `carry` (multi-turn rollouts; only where `carries_cache(model)`: the native forward), positions count
+    each row's real tokens and `row_caches` gives rows' keys and values for the next turn's decoder, which
+    `continuing` builds from them: only the tokens after them are prefilled."""
+
+    def __init__(self, model, batch_size, max_len, prompt_mask, carry=False, session=None):
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"static-cache decoding unavailable: {reason}")
         self.group = tensor_parallel_group(model)
-        native = NativeDecoder.for_model(model)
-        self.native = None if native is None else NativeCacheSession(native, batch_size, max_len, prompt_mask)
+        if session is None:
+            native = NativeDecoder.for_model(model)
+            if carry and native is None:
+                raise ValueError("carrying the KV cache across turns needs the native forward (carries_cache)")
+            session = None if native is None else NativeCacheSession(native, batch_size, max_len, prompt_mask, carry)
+        self.native = session
         if self.native is not None:
             return
         degree = 1 if self.group is None else self.group.nranks
@@ -111,6 +119,23 @@ class StaticCacheDecoder:
             hidden = hidden + layer.mlp(layer.post_norm(hidden))
         self.position = start + input_ids.shape[1]
         return self.lm_head(self.norm(hidden[:, -1])).astype("float32")
+
+    @staticmethod
+    def carries_cache(model):
+        """Whether this decoder carries a row's KV cache from turn to turn for `model` (the native forward: a
+        float32 CPU model on one device); elsewhere each turn prefills the whole trajectory again."""
+        return native_ops() is not None and native_unsupported_reason(model) is None
+
+    @classmethod
+    def continuing(cls, model, caches, block_mask, max_dec):
+        """The decoder of a turn whose rows continue from `caches` (RowCache each) with the left-padded block of
+        `block_mask` [B, L] next tokens (prefilled by `prefill`), then up to `max_dec` generated ones."""
+        session = NativeCacheSession.continuing(NativeDecoder.for_model(model), caches, block_mask, max_dec)
+        return cls(model, None, None, None, carry=True, session=session)
+
+    def row_caches(self, rows, counts):
+        """The RowCaches of the first `counts` real tokens of rows `rows` (positions in the batch as it is now)."""
+        return self.native.row_caches(rows, counts)
 
     def same_on_every_rank(self, seed):
         """`seed` as rank 0 of the tensor-parallel group drew it, so that every rank samples the same tokens."""

@@ -94,6 +94,18 @@ class RewardModelScorer:
         return ScoredBatch(scores)
 
 
+class EnvironmentReturnsOnly:
+    """No reward source: with an environment (agents/environments.py), a trajectory's score is its environment
+    return alone, which the rollout worker adds to every score; this scorer adds nothing to it."""
+
+    task_name = None
+    max_score = None
+    parts = {}
+
+    def score(self, exp):
+        return ScoredBatch([0.0] * len(exp))
+
+
 def reference_checker(scorer):
     """The check of reference answers (tgt) of the scorer's rule, to run when the data loads; None for a
     reward model, or a server whose task is not one of this project's rules."""
@@ -110,6 +122,8 @@ def build_reward_scorer(args, reward_model=None, reward_tokenizer=None):
         return RewardModelScorer(reward_model, reward_tokenizer, args.per_device_reward_batch_size)
     if args.use_rule_reward:
         return RuleRewardScorer(args.reward_task)
+    if not args.use_rm_server:
+        return EnvironmentReturnsOnly()
     from paddle_alignment.rewards.client import RewardServerClient
 
     client = RewardServerClient(

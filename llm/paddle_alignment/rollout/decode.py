@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import paddle
 
 from paddle_alignment.custom_ops import paddlenlp_ops_with
@@ -131,16 +132,25 @@ class RunningRows:
         return kept
 
 
-def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: SamplingConfig, seed, copies=1):
+def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: SamplingConfig, seed, copies=1, past=None,
+                    carry=False):
     """The fast decode loop, sampling from `seed` `copies` responses of each prompt of `input_ids` [P, L]
     (rows B = P * copies, a prompt's copies adjacent; the prompt is prefilled once and its cache repeated):
     returns response ids [B, R], R = the longest response, and their log-probs under the sampling policy
     softmax(logits / temperature), taken from the logits before penalties (None when decoding greedily).
     Rows that finish are dropped from the batch once a quarter of it has finished, and the loop stops when
-    every row has; each row samples what it would in the whole batch (its random stream is keyed by its row)."""
+    every row has; each row samples what it would in the whole batch (its random stream is keyed by its row).
+
+    With `carry` (multi-turn trajectories, copies 1) it also returns each row's RowCache: the keys and values
+    of its prompt and its sampled tokens but the last (which the next turn feeds); with `past` (a RowCache
+    per row) the rows continue from those caches, `input_ids` holding only the tokens after them."""
     prompts, prompt_len = input_ids.shape
     rows, max_dec = prompts * copies, sampling.max_dec_len
-    decoder = StaticCacheDecoder(model, prompts, prompt_len + max_dec, prompt_mask)
+    if past is not None:
+        decoder = StaticCacheDecoder.continuing(model, past, prompt_mask, max_dec)
+    else:
+        decoder = StaticCacheDecoder(model, prompts, prompt_len + max_dec, prompt_mask, carry=carry)
+    cached = CachedRows(decoder, prompt_mask, past, tokenizer.eos_token_id) if carry else None
     eos_ids = paddle.to_tensor([tokenizer.eos_token_id], dtype="int64")
     no_banned = paddle.zeros([0], dtype="int64")
     running = RunningRows(rows, sampling, tokenizer.pad_token_id)
@@ -169,12 +179,38 @@ def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: Sam
         if not bool(not_need_stop):
             break
         if running.finished_enough():
+            if cached is not None:
+                cached.keep(running, running.stop_flags)
             kept = running.drop_finished(responses)
             decoder.keep_rows(kept)
             tokens = paddle.index_select(tokens, kept)
         logits = decoder.step(tokens)
     paddle.scatter_(responses, running.row_ids, running.history, overwrite=True)
-    return responses[:, :length], logprobs[:, :length] if record_logprobs else None
+    if cached is not None:
+        cached.keep(running, paddle.ones_like(running.stop_flags))
+    return responses[:, :length], logprobs[:, :length] if record_logprobs else None, cached and cached.caches
+
+
+class CachedRows:
+    """The RowCache of each row of a carrying decode, taken from the decoder when the row leaves the batch."""
+
+    def __init__(self, decoder, prompt_mask, past, eos_id):
+        self.decoder, self.eos_id = decoder, eos_id
+        self.prefix = prompt_mask.astype("int64").sum(axis=1).numpy() + (0 if past is None else [c.length for c in past])
+        self.caches = [None] * prompt_mask.shape[0]
+
+    def keep(self, running, leaving):
+        """Take the caches of the rows of `running` (RunningRows) where `leaving`: the prefix and the sampled
+        tokens up to the first EOS but the last (which was never fed)."""
+        positions = np.flatnonzero(leaving.numpy())
+        history, row_ids, steps = running.history.numpy(), running.row_ids.numpy(), running.step_idx.numpy()
+        counts = []
+        for position in positions:
+            tokens = history[position, : steps[position]].tolist()
+            sampled = tokens.index(self.eos_id) + 1 if self.eos_id in tokens else len(tokens)
+            counts.append(int(self.prefix[row_ids[position]]) + sampled - 1)
+        for position, cache in zip(positions, self.decoder.row_caches(positions.tolist(), counts)):
+            self.caches[row_ids[position]] = cache
 
 
 def decode_with_generate(model, tokenizer, input_ids, prompt_mask, sampling: SamplingConfig):
@@ -206,7 +242,7 @@ def sample_continuations(model, tokenizer, prompt_ids, prompt_mask, n, sampling:
     ops = fast_path_ops(model, use_fast)
     logprobs = None
     if ops is not None:
-        response_ids, logprobs = decode_with_ops(
+        response_ids, logprobs, _ = decode_with_ops(
             ops, model, tokenizer, prompt_ids, prompt_mask, sampling, draw_seed() if seed is None else seed, copies=n,
         )
     else:
@@ -215,6 +251,29 @@ def sample_continuations(model, tokenizer, prompt_ids, prompt_mask, n, sampling:
     if was_training:  # (LoRAModel.train takes no mode argument)
         model.train()
     return response_ids, logprobs
+
+
+@paddle.no_grad()
+def sample_turn(model, tokenizer, histories, caches, sampling: SamplingConfig, use_fast=True, seed=None):
+    """One sampled turn of each multi-turn trajectory of `histories` (token lists: the prompt and the turns and
+    observations so far): (response ids [B, R], their log-probs or None, the RowCache of each row after the turn
+    or None). Where the fast loop runs on the native forward the KV cache carries: with `caches` (each row's
+    RowCache of its history's first tokens, from the previous turn) only the rest of each history is prefilled,
+    at the positions a fresh forward over the whole trajectory gives them. Elsewhere every turn prefills the
+    whole history (sample_continuations)."""
+    if fast_path_ops(model, use_fast) is None or not StaticCacheDecoder.carries_cache(model):
+        prompt_ids, prompt_mask = left_pad(histories, tokenizer.pad_token_id)
+        return (*sample_continuations(model, tokenizer, prompt_ids, prompt_mask, 1, sampling, use_fast, seed), None)
+    past = caches if caches is not None and all(cache is not None for cache in caches) else None
+    block = histories if past is None else [history[cache.length :] for history, cache in zip(histories, past)]
+    input_ids, mask = left_pad(block, tokenizer.pad_token_id)
+    was_training = model.training
+    model.eval()
+    result = decode_with_ops(rollout_ops(), model, tokenizer, input_ids, mask, sampling, draw_seed() if seed is None else seed,
+                             past=past, carry=True)
+    if was_training:
+        model.train()
+    return result
 
 
 def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_fast=True, seed=None):

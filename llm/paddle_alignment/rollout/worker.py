@@ -16,8 +16,10 @@ from paddlenlp.utils.log import logger
 
 from paddle_alignment import watchdog
 from paddle_alignment.agents.chat_turns import observation_ids
-from paddle_alignment.agents.rollout import TurnSettings, multi_turn_rollouts
+from paddle_alignment.agents.environments import Environments
+from paddle_alignment.agents.rollout import EnvironmentReplies, ToolReplies, TurnSettings, multi_turn_rollouts
 from paddle_alignment.agents.tools import ToolBox, load_tools
+from paddle_alignment.deadline_workers import WorkerPool
 from paddle_alignment.distributed import collective, is_distributed
 from paddle_alignment.experience import Experience
 from paddle_alignment.micro_batches import MicroBatching
@@ -28,7 +30,7 @@ from paddle_alignment.models.ppo_model_utils import response_labels, response_to
 from paddle_alignment.models.tensor_parallel import is_tensor_parallel, whole
 from paddle_alignment.offload import OffloadPlan
 from paddle_alignment.rollout import sync_check, weights
-from paddle_alignment.rollout.decode import SamplingConfig, draw_seed, generate_rollouts, sample_continuations
+from paddle_alignment.rollout.decode import SamplingConfig, draw_seed, generate_rollouts, sample_turn
 
 MAX_LOGGED_ROW_ERRORS = 8  # of one batch: the count is logged too
 
@@ -37,6 +39,19 @@ def tensor_parallel_waits(model, what):
     """`what`, guarded as a collective when `model` is split over ranks (its layers wait on each other)."""
     split = is_distributed() and is_tensor_parallel(model)  # scanning the parameters only when it can be
     return collective(f"tensor-parallel {what}") if split else contextlib.nullcontext()
+
+
+def turn_replies(args, tokenizer):
+    """What answers the turns of multi-turn rollouts: the config's environments (EnvironmentReplies) or tools
+    (ToolReplies), each with its worker pool; None for single-turn rollouts."""
+    kind = EnvironmentReplies if args.environment_paths else ToolReplies if args.tool_paths else None
+    if kind is None:
+        return None
+    observation_ids(tokenizer, [], kind.role)  # a template the answers cannot follow stops the run here, not mid-run
+    if kind is ToolReplies:
+        return ToolReplies(ToolBox(load_tools(args.tool_paths), args.tool_timeout, args.tool_workers), args.tool_call_style)
+    pool = WorkerPool("paddle_alignment.agents.tool_worker", "environment", args.tool_workers, args.tool_timeout)
+    return EnvironmentReplies(Environments(args.environment_paths, pool))
 
 
 class RolloutWorker:
@@ -57,11 +72,8 @@ class RolloutWorker:
         self.autocast = autocast
         self.offload = offload or OffloadPlan({}, None, None)
         self.sampling = SamplingConfig.from_args(args)
-        tools = load_tools(args.tool_paths)
-        if tools:
-            observation_ids(tokenizer, [])  # a template tool answers cannot follow stops the run here, not mid-run
-        self.toolbox = ToolBox(tools, args.tool_timeout, args.tool_workers) if tools else None
-        self.turns = TurnSettings.from_args(args) if tools else None
+        self.replies = turn_replies(args, tokenizer)  # None: single-turn rollouts
+        self.turns = TurnSettings.from_args(args) if self.replies else None
 
     def generate_sequences(self, items, seed, behaviour_logprobs=False):
         """Rollouts of the prompt `items` sampled from `seed`, with their scores, and the seconds the
@@ -91,9 +103,12 @@ class RolloutWorker:
         return parts[0] if len(parts) == 1 else Experience.concat(parts, self.tokenizer.pad_token_id)
 
     def score(self, exp):
-        """exp.scores (and score_parts, unscored): the reward source's scores of the responses."""
+        """exp.scores (and score_parts, unscored): the reward source's scores of the responses, plus the
+        environment returns of multi-turn trajectories."""
         scored = self.reward_scores(exp)
         exp.scores = paddle.to_tensor(scored.scores, dtype="float32")
+        if exp.env_returns is not None:
+            exp.scores = exp.scores + exp.env_returns
         unscored = {index for index, _ in scored.errors}
         exp.unscored = paddle.to_tensor([row in unscored for row in range(len(exp))], dtype="bool")
         names = list(self.reward_scorer.parts)
@@ -113,24 +128,25 @@ class RolloutWorker:
             )
         return scored
 
-    def greedy_scores(self, items):
-        """The reward scores of one greedy response to each prompt of `items` (evaluation)."""
+    def greedy_rollouts(self, items):
+        """One greedy rollout of each prompt of `items`, with its reward scores in exp.scores (evaluation)."""
         greedy = SamplingConfig.from_args(self.args, greedy=True)
         with self.offload.on_device("train_model"), self.autocast():
             exp = self.rollouts(items, 1, greedy, seed=None)
-        return self.reward_scores(exp).scores
+        self.score(exp)
+        return exp
 
     def rollouts(self, items, n, sampling, seed):
         """`n` rollouts of each prompt item: single responses (decode.py), or with `tools` multi-turn trajectories
         (agents/rollout.py)."""
-        if self.toolbox is None:
+        if self.replies is None:
             return generate_rollouts(self.policy, self.tokenizer, items, n, sampling, self.args.use_fusemt, seed)
 
-        def sample(input_ids, prompt_mask, turn_sampling, turn_seed):
-            return sample_continuations(self.policy, self.tokenizer, input_ids, prompt_mask, 1, turn_sampling, self.args.use_fusemt, turn_seed)
+        def sample(histories, caches, turn_sampling, turn_seed):
+            return sample_turn(self.policy, self.tokenizer, histories, caches, turn_sampling, self.args.use_fusemt, turn_seed)
 
         seed = draw_seed() if seed is None else seed
-        return multi_turn_rollouts(sample, self.tokenizer, items, n, sampling, self.toolbox, self.turns, seed)
+        return multi_turn_rollouts(sample, self.tokenizer, items, n, sampling, self.replies, self.turns, seed)
 
     @paddle.no_grad()
     def compute_logprobs(self, model, exp):

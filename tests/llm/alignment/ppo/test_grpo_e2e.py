@@ -122,6 +122,24 @@ def test_a_run_with_tools_samples_trajectories_and_logs_their_counters(tiny_worl
     assert (tmp_path / "policy").is_dir()
 
 
+def test_a_run_with_an_environment_and_no_reward_source_is_scored_by_its_returns(tiny_world, tmp_path, monkeypatch):
+    """GuessTheNumber answers each wrong sum higher or lower and pays 1 for the right one: the tiny policy's
+    trajectories take several turns, their returns are the scores, and the sampler's log-probs of every turn
+    are the trainer's."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(REPO_ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
+    run_grpo(tiny_world, tmp_path, use_rule_reward=False, environment="tool_samples:GuessTheNumber", max_turns=3,
+             max_dec_len=60, max_length=76, max_steps=2, eval_steps=0, save_steps=0)
+    turns, rewards = logged(tmp_path / "vdl", "train/multi_turn/turns"), logged(tmp_path / "vdl", "train/reward_mean")
+    assert len(turns) == 2 and min(turns) > 2 and all(0 <= r <= 1 for r in rewards)
+    assert max(logged(tmp_path / "vdl", "train/multi_turn/env_errors")) == 0
+    assert max(logged(tmp_path / "vdl", "train/multi_turn/truncated")) == 0
+    # A trajectory ends before max_turns only on the right guess, which pays 1.
+    assert [t < 3 for t in turns] == [r > 0 for r in rewards] and rewards[1] > 0
+    for turn in (1, 2):
+        assert max(logged(tmp_path / "vdl", f"train/rollout_corr/logprob_diff_mean/turn_{turn}")) < 1e-4
+    assert (tmp_path / "policy").is_dir()
+
+
 def test_reinforce_plus_plus_with_kl_in_the_reward_trains(tiny_world, tmp_path):
     # A reference other than the actor: the KL penalty differs between samples from the first step, so the
     # policy moves even when every sampled answer earns the same score.

@@ -9,7 +9,7 @@ import paddle
 import pytest
 
 from paddle_alignment.algos import ROLLOUT_CORRECTIONS
-from paddle_alignment.algos.rollout_correction import mismatch_metrics
+from paddle_alignment.algos.rollout_correction import mismatch_metrics, turn_mismatch_metrics
 from paddle_alignment.models.ppo_model_utils import PolicyObjective
 
 RNG = np.random.default_rng(11)
@@ -110,12 +110,26 @@ def test_mismatch_metrics_match_their_formulas_and_read_zero_without_a_gap():
     assert float(same["rollout_corr/logprob_diff_max"]) == 0 and float(same["rollout_corr/is_ratio_mean"]) == 1
 
 
+def test_the_mismatch_of_each_turn_is_a_sum_and_count_over_that_turns_sampled_tokens():
+    rollout = RNG.uniform(-4.0, -0.1, size=(B, R))
+    log_ratio, mask = gap_batch(scale=0.2)
+    turn_ids = RNG.integers(0, 3, size=(B, R)) * (mask > 0)  # turn 0: observations and padding
+    mask = mask * (turn_ids > 0)
+    metrics = turn_mismatch_metrics(t(rollout + log_ratio), t(rollout), t(mask), paddle.to_tensor(turn_ids), 3)
+    assert sorted(metrics) == [f"rollout_corr/logprob_diff_mean/turn_{k}" for k in (1, 2, 3)]
+    for turn in (1, 2):
+        total, count = (float(v) for v in metrics[f"rollout_corr/logprob_diff_mean/turn_{turn}"])
+        chosen = (turn_ids == turn) & (mask > 0)
+        assert count == chosen.sum() and total == pytest.approx(np.abs(log_ratio)[chosen].sum(), rel=1e-5)
+    assert [float(v) for v in metrics["rollout_corr/logprob_diff_mean/turn_3"]] == [0.0, 0.0]  # no token: no mean
+
+
 def objective(correction):
     args = SimpleNamespace(
         policy_loss="ppo_clip", kl_estimator="k3", loss_agg_mode="token-mean", kl_loss_coeff=0.0, entropy_coeff=0.0,
         clip_range_ratio_low=0.2, clip_range_ratio_high=0.2, clip_ratio_c=3.0, temperature=1.0, pg_loss_coeff=1.0,
         sapo_tau_pos=1.0, sapo_tau_neg=1.05, max_dec_len=R, rollout_correction=correction,
-        rollout_is_threshold=UPPER, rollout_is_threshold_lower=LOWER,
+        rollout_is_threshold=UPPER, rollout_is_threshold_lower=LOWER, max_turns=1,
     )
     return PolicyObjective.from_args(args)
 

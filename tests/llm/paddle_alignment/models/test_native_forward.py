@@ -161,7 +161,7 @@ def test_trainer_logprobs_match_the_eager_pass(ops, monkeypatch):
     # Two micro-batches of 2 and 1 rows, at temperature 0.7, the head applied to 3 positions at a time.
     args = SimpleNamespace(per_device_logprob_batch_size=2, max_dec_len=4, min_dec_len=0, temperature=0.7, top_p=1.0,
                            repetition_penalty=1.0, top_k=0, logprob_chunk_tokens=3,
-                           use_dynamic_batch_size=True, max_token_len_per_device=-1, tool_paths=[])
+                           use_dynamic_batch_size=True, max_token_len_per_device=-1, tool_paths=[], environment_paths=[])
     worker = RolloutWorker(args, model, tokenizer=None, reward_scorer=None)
     assert NativeDecoder.for_model(model) is not None
     native = worker.compute_logprobs(model, exp)

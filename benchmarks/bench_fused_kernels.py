@@ -187,7 +187,7 @@ def bench_model(repeats):
         {"unfused": train_step(reference_stats), "fused": train_step(token_logprobs_and_entropy)}, repeats, 5, switch
     )
     use_unfused_kernels(model)
-    print(f"\ntiny Qwen2 (4 layers, hidden 128) on 64 x 14 tokens   unfused     fused   (ms)")
+    print("\ntiny Qwen2 (4 layers, hidden 128) on 64 x 14 tokens   unfused     fused   (ms)")
     print(f"{'forward (no grad)':50s} {fwd['unfused'] * 1e3:9.1f} {fwd['fused'] * 1e3:9.1f}")
     print(f"{'forward + log-probs/entropy + backward':50s} {step['unfused'] * 1e3:9.1f} {step['fused'] * 1e3:9.1f}")
 

@@ -353,12 +353,14 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         prompts) are taken, at most `max_gen_batches`, until a full batch of groups is kept; if that is not
         reached, the dropped groups fill the rest (they carry no group-relative advantage)."""
         args = self.args
-        kept, dropped, timing = [], [], RolloutTiming()
+        kept, dropped, timing, generated = [], [], RolloutTiming(), 0
         for taken in range(1, (args.max_gen_batches if args.dynamic_sampling else 1) + 1):
             exp = self.next_rollouts(batches, timing)
+            generated += len(exp)
+            exp = self.without_unread_verdicts(exp)
             self.shape_rewards(exp)
             if not args.dynamic_sampling:
-                return exp, timing.metrics()
+                return exp, timing.metrics() | self.judge_metrics(len(exp), generated)
             keep = groups_with_reward_variance(exp.rewards, exp.group_index).numpy()
             for pool, rows in [(kept, np.flatnonzero(keep)), (dropped, np.flatnonzero(~keep))]:
                 if len(rows):
@@ -367,7 +369,32 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
                 break
         exp = Experience.concat(kept + dropped, self.tokenizer.pad_token_id).select(0, args.rollout_batch_size)
         kept_share = sum(map(len, kept)) / (taken * args.generation_batch_size * args.rollout_n)
-        return exp, timing.metrics() | {"dynamic_sampling/gen_batches": taken, "dynamic_sampling/kept_group_frac": kept_share}
+        scored = sum(map(len, kept + dropped))
+        return exp, timing.metrics() | self.judge_metrics(scored, generated) | {
+            "dynamic_sampling/gen_batches": taken, "dynamic_sampling/kept_group_frac": kept_share,
+        }
+
+    def without_unread_verdicts(self, exp):
+        """With a judge (a scorer that `excludes_unscored`), the rows it gave no readable verdict leave the batch
+        before rewards are shaped: nothing the judge did not say trains the policy. A batch left empty on any
+        rank stops the run on every rank (the judge's replies are logged above it)."""
+        if not getattr(self.reward_scorer, "excludes_unscored", False):
+            return exp
+        kept = np.flatnonzero(~exp.unscored.numpy())
+        fewest = all_reduce_scalars({"kept": float(len(kept))}, op=dist.ReduceOp.MIN, what="rows with a verdict")["kept"]
+        if fewest == 0:
+            raise RuntimeError(
+                f"the judge ({self.reward_scorer.record['judge']}) gave no readable verdict on a whole batch at step "
+                f"{self.state.global_step + 1}: check judge_prompt_template and judge_verdict_pattern against its replies "
+                "(logged above)"
+            )
+        return exp if len(kept) == len(exp) else exp.take(kept.tolist())
+
+    def judge_metrics(self, scored, generated):
+        """judge/excluded_frac: the share of this step's rollouts the judge gave no readable verdict."""
+        if not getattr(self.reward_scorer, "excludes_unscored", False):
+            return {}
+        return {"judge/excluded_frac": 1.0 - scored / generated}
 
     def next_rollouts(self, batches, timing):
         """The next batch of scored rollouts from `self.rollout`, keeping its `lookahead` batches requested
@@ -540,12 +567,12 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         """Metrics of the experience, averaged over ranks (TRL PPOv2's `objective/*`, `val/*` among them)."""
         args = self.args
         lengths = exp.response_mask.sum(axis=1)
-        rewards = exp.rewards.numpy()
-        groups = rewards.reshape(-1, args.rollout_n)
+        rewards, groups = exp.rewards.numpy(), exp.group_index.numpy()
         local = {
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()),
-            "zero_std_group_frac": float(np.mean(groups.std(axis=1) == 0)),
+            # (by group index: rows a judge gave no verdict have left their groups)
+            "zero_std_group_frac": float(np.mean([rewards[groups == group].std() == 0 for group in np.unique(groups)])),
             "response_length_mean": float(lengths.mean()),
             "response_clipped_ratio": float(1.0 - exp.finished.astype("float32").mean()),
         }
@@ -591,24 +618,30 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         """Greedy accuracy (when the reward has a max score), mean reward and, with tools, the fraction of answers
-        that called one, on this rank's share of the eval prompts, summed over ranks."""
+        that called one, on this rank's share of the eval prompts, summed over ranks. With a judge, the answers
+        it gave no readable verdict are left out of the accuracy and the mean, and counted."""
         dataset = eval_dataset or self.eval_dataset
         shard = rank_shard(len(dataset))
         size = self.args.per_device_eval_batch_size
-        totals = {"correct": 0.0, "reward": 0.0, "tool_callers": 0.0, "count": 0.0}
+        excludes = getattr(self.reward_scorer, "excludes_unscored", False)
+        totals = {"correct": 0.0, "reward": 0.0, "tool_callers": 0.0, "scored": 0.0, "count": 0.0}
         for start in range(0, len(shard), size):
             exp = self.rollout_worker.greedy_rollouts([dataset[i] for i in shard[start : start + size]])
-            scores = exp.scores.numpy()
+            scores = exp.scores.numpy()[~exp.unscored.numpy()] if excludes else exp.scores.numpy()
             if self.reward_scorer.max_score is not None:
                 totals["correct"] += float(np.sum(scores >= self.reward_scorer.max_score))
             if exp.turn_stats is not None:
                 totals["tool_callers"] += float(np.sum(called_tools(exp.turn_stats)))
             totals["reward"] += float(scores.sum())
-            totals["count"] += len(scores)
+            totals["scored"] += len(scores)
+            totals["count"] += len(exp)
         totals = all_reduce_scalars(totals, what="evaluation totals")
-        metrics = {f"{metric_key_prefix}_reward_mean": totals["reward"] / totals["count"]}
+        scored = max(totals["scored"], 1.0)
+        metrics = {f"{metric_key_prefix}_reward_mean": totals["reward"] / scored}
         if self.reward_scorer.max_score is not None:
-            metrics[f"{metric_key_prefix}_accuracy"] = totals["correct"] / totals["count"]
+            metrics[f"{metric_key_prefix}_accuracy"] = totals["correct"] / scored
         if self.args.tool_paths:
             metrics[f"{metric_key_prefix}_tool_call_rate"] = totals["tool_callers"] / totals["count"]
+        if excludes:
+            metrics[f"{metric_key_prefix}_judge_excluded_frac"] = 1.0 - totals["scored"] / totals["count"]
         return metrics

@@ -150,7 +150,7 @@ class ToolReplies:
     role = "tool"
 
     def __init__(self, toolbox, style):
-        self.toolbox, self.style, self.pool = toolbox, style, toolbox.pool
+        self.toolbox, self.style = toolbox, style
 
     def start(self, trajectories, items, n, pool):
         pass
@@ -170,7 +170,7 @@ class EnvironmentReplies:
     role = "user"
 
     def __init__(self, environments):
-        self.environments, self.pool = environments, environments.pool
+        self.environments = environments
 
     def start(self, trajectories, items, n, pool):
         rows = [item for item in items for _ in range(n)]

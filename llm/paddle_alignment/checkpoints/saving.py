@@ -8,6 +8,8 @@
                                         its own parameters' states; none in a single process or data parallel
         scheduler.pdparams, value_scheduler.pdparams, reward_normalizer.pdparams, trainer_state.json,
         data_state.json, rng_state.pth (one process) or rng_state_<world>.pth (every rank's)   rank 0
+        judge.json                      with an LLM judge: its identity and prompt hash (a resume with another
+                                        judge stops: rewards/judge.py)                           rank 0
         rollout_queue.rank<R>.pkl       rank R's rollout batches requested before the checkpoint and not yet
                                         trained on (decoupled rollout samples ahead), each rank its own
 
@@ -42,6 +44,7 @@ from paddle_alignment.distributed import collective, is_distributed
 from paddle_alignment.models.hf_layout import save_hf_folder
 from paddle_alignment.models.lora_utils import is_lora, merged_state_dict
 from paddle_alignment.models.tensor_parallel import complete_state_dict, is_tensor_parallel, local_state, set_local_state
+from paddle_alignment.rewards.judge import check_judge_record, save_judge_record
 from paddle_alignment.rollout import RolloutBatch
 
 CRITIC_OPTIMIZER_NAME, CRITIC_SCHEDULER_NAME = "value_optimizer.pdopt", "value_scheduler.pdparams"
@@ -116,11 +119,14 @@ def final_models(trainer):
 
 
 def save_final_models(trainer):
-    """output_dir/policy, output_dir/value ..., each written to a temp folder and renamed when complete."""
+    """output_dir/policy, output_dir/value ..., each written to a temp folder and renamed when complete; with a
+    judge, output_dir/judge.json."""
     for final in final_models(trainer):
         path = os.path.join(trainer.args.output_dir, final.folder)
         with watchdog.guarded("checkpoint write", f"the final model {path}"), atomic_directory(path) as tmp:
             save_model(final.model, tmp, trainer.tokenizer, final.merge_lora, final.hf_layout)
+    if is_first_rank():
+        save_judge_record(trainer.reward_scorer, trainer.args.output_dir)
 
 
 # ---- optimizer parts --------------------------------------------------------------------------------
@@ -185,6 +191,7 @@ def save_shared_state(trainer, folder, rng_states):
     if trainer.reward_normalizer is not None:
         paddle.save(trainer.reward_normalizer.state_dict(), os.path.join(folder, REWARD_NORMALIZER_NAME))
     trainer.state.save_to_json(os.path.join(folder, TRAINER_STATE_NAME))
+    save_judge_record(trainer.reward_scorer, folder)
     with open(os.path.join(folder, DATA_STATE_NAME), "w") as f:
         json.dump({"batches_drawn": trainer.batches_drawn}, f)
     world = len(rng_states)
@@ -198,6 +205,7 @@ def load_checkpoint(trainer, path):
     step to continue from."""
     args = trainer.args
     check_complete(path, files_to_load(trainer))
+    check_judge_record(trainer.reward_scorer, path)
     step = TrainerState.load_from_json(os.path.join(path, TRAINER_STATE_NAME)).global_step
     for part in trained_models(trainer):
         if loads_optimizer(path, part, args):

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -493,6 +494,37 @@ class RewardArguments:
 
 
 @dataclass
+class JudgeArguments:
+    """Parameters of the LLM judge, a generative reward (docs/rewards.md): set judge_model_name_or_path or
+    judge_server to score with it."""
+
+    judge_model_name_or_path: str = field(default="", metadata={"help": "A local causal LM (Paddle's or Hugging Face's layout) that judges each response, greedily, from judge_prompt_template."})
+    judge_server: str = field(default="", metadata={"help": "URL of a judge that speaks the reward-server protocol: it gets the filled judge_prompt_template as src, the reference as tgt, the response, and answers the score (row errors: no verdict)."})
+    judge_prompt_template: str = field(default="", metadata={"help": "The judge's prompt, or a file holding it, with {prompt}, {response} and {reference} replaced by each rollout's (default: grade against the reference, reply [[1]] or [[0]])."})
+    judge_verdict_pattern: str = field(default=r"\[\[(-?\d+(?:\.\d+)?)\]\]", metadata={"help": "A regular expression whose first group, read as a number, is a local judge's score; a reply without it has no verdict: its row leaves the batch (judge/excluded_rows), never scored 0."})
+    judge_max_new_tokens: int = field(default=64, metadata={"help": "Tokens a local judge may write per verdict."})
+    judge_max_score: Optional[float] = field(default=None, metadata={"help": "The judge's score of a correct response, for the accuracy metric (unset: none)."})
+
+    @property
+    def uses_judge(self):
+        return bool(self.judge_model_name_or_path or self.judge_server)
+
+    def validate_judge(self):
+        if self.judge_model_name_or_path and self.judge_server:
+            raise ValueError("judge_model_name_or_path and judge_server: one judge, a local model or a server")
+        try:
+            pattern = re.compile(self.judge_verdict_pattern)
+        except re.error as error:
+            raise ValueError(f"judge_verdict_pattern={self.judge_verdict_pattern!r} is not a regular expression: {error}") from None
+        if pattern.groups < 1:
+            raise ValueError(f"judge_verdict_pattern={self.judge_verdict_pattern!r} has no group: its first group is the score")
+        if self.judge_max_new_tokens < 1:
+            raise ValueError(f"judge_max_new_tokens must be >= 1, got {self.judge_max_new_tokens}")
+        if self.judge_model_name_or_path and not os.path.isdir(self.judge_model_name_or_path):
+            raise FileNotFoundError(f"judge_model_name_or_path={self.judge_model_name_or_path!r} is not a folder")
+
+
+@dataclass
 class CriticArguments:
     """Parameters that control the critic (ppo): its optimizer, schedule, value clipping and recompute."""
 
@@ -688,9 +720,9 @@ class WatchdogArguments:
 
 @dataclass
 class RLTrainingArguments(
-    BatchSizeArguments, RolloutArguments, AlgorithmArguments, ScheduleArguments, RewardArguments, CriticArguments,
-    MultiTurnArguments, DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments, WatchdogArguments,
-    ModelKernelArguments, TrainingArguments,
+    BatchSizeArguments, RolloutArguments, AlgorithmArguments, ScheduleArguments, RewardArguments, JudgeArguments,
+    CriticArguments, MultiTurnArguments, DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments,
+    WatchdogArguments, ModelKernelArguments, TrainingArguments,
 ):
     """The training arguments of run_ppo: paddlenlp's TrainingArguments and the groups above, as one flat set of
     keys (PaddleNLP's configs keep parsing); each group validates its own keys."""
@@ -709,6 +741,7 @@ class RLTrainingArguments(
         self.validate_algorithm()
         self.validate_rollout()
         self.validate_reward()
+        self.validate_judge()
         self.validate_critic()
         self.validate_run()
         self.validate_schedule()
@@ -768,9 +801,9 @@ def check_non_negative(args, keys):
 
 
 GROUPS = (
-    BatchSizeArguments, RolloutArguments, AlgorithmArguments, ScheduleArguments, RewardArguments, CriticArguments,
-    MultiTurnArguments, DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments, WatchdogArguments,
-    ModelKernelArguments,
+    BatchSizeArguments, RolloutArguments, AlgorithmArguments, ScheduleArguments, RewardArguments, JudgeArguments,
+    CriticArguments, MultiTurnArguments, DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments,
+    WatchdogArguments, ModelKernelArguments,
 )
 
 
@@ -876,11 +909,13 @@ def validate_across(parsed, given=None):
     data_args = next((a for a in parsed if isinstance(a, DataArgument)), None)
     training_args = next((a for a in parsed if isinstance(a, RLTrainingArguments)), None)
     if model_args and training_args:
-        sources = [training_args.use_rm_server, training_args.use_rule_reward, model_args.reward_model_name_or_path is not None]
+        sources = [training_args.use_rm_server, training_args.use_rule_reward, model_args.reward_model_name_or_path is not None,
+                   training_args.uses_judge]
         if sum(sources) > 1 or (sum(sources) == 0 and not training_args.environment_paths):
             raise ValueError(
-                "set exactly one reward source: use_rm_server (reward server), use_rule_reward (in-process rule) "
-                "or reward_model_name_or_path (reward model); with an environment, none (its returns are the scores)"
+                "set exactly one reward source: use_rm_server (reward server), use_rule_reward (in-process rule), "
+                "reward_model_name_or_path (reward model) or a judge (judge_model_name_or_path or judge_server); with an "
+                "environment, none (its returns are the scores)"
             )
     if model_args and not model_args.lora:
         for key in ("lora_path", "lora_target_modules", "lora_save_merged"):

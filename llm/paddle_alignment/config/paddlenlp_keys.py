@@ -96,11 +96,12 @@ def config_tokens(config):
 
 
 def split_options(tokens):
-    """[(key, [values])] of `--key value...` tokens (a value never starts with `--`)."""
+    """[(key, [values])] of `--key value...` or `--key=value` tokens (a value never starts with `--`)."""
     options = []
     for token in tokens:
         if token.startswith("--"):
-            options.append((token[2:], []))
+            key, equals, value = token[2:].partition("=")
+            options.append((key, [value] if equals else []))
         elif options:
             options[-1][1].append(token)
         else:

@@ -167,23 +167,29 @@ class NativeCacheSession:
 
     @classmethod
     def continuing(cls, decoder, caches, block_mask, max_dec):
-        """A session whose row r holds the cached keys and values `caches[r]` (RowCache: its trajectory's first
-        tokens) and continues with a left-padded block of `block_mask` [B, L] next tokens, then up to `max_dec`
-        generated ones. The cached tokens are right-aligned at the slots before the block."""
-        lengths = np.array([cache.length for cache in caches])
-        history, (batch, block) = int(lengths.max()), block_mask.shape
-        # Every row's tokens in one scatter into [B * history, F], then the cache's layout and its free slots.
-        slots = np.concatenate([row * history + np.arange(history - length, history) for row, length in enumerate(lengths)])
-        tokens = paddle.zeros([batch * history, caches[0].kv.shape[1]], dtype="float32")
-        tokens = paddle.scatter(tokens, paddle.to_tensor(slots, dtype="int64"), paddle.concat([c.kv for c in caches]))
+        """A session whose row r holds the cached keys and values of `caches[r]` (RowCache: its trajectory's first
+        tokens, in the slots its last turn left them, gaps masked) and continues with a left-padded block of
+        `block_mask` [B, L] next tokens, then up to `max_dec` generated ones. Each cache group's slots are
+        right-aligned before the block: contiguous copies, no gather of single tokens."""
+        history, (batch, block) = max(c.slots.shape[4] for c in caches), block_mask.shape
+        parts, order, masks = [], [], []
+        for group in {id(c.slots): c.slots for c in caches}.values():  # the caches taken together, kept together
+            members = [(row, c) for row, c in enumerate(caches) if c.slots is group]
+            rows = paddle.index_select(group, paddle.to_tensor([c.index for _, c in members], dtype="int64"), axis=2)
+            parts.append(left_padded(rows, history))
+            order += [row for row, _ in members]
+            masks += [np.pad(c.valid, (history - len(c.valid), 0)) for _, c in members]
+        past = paddle.concat(parts, axis=2)
+        inverse = np.argsort(order)
+        past = paddle.index_select(past, paddle.to_tensor(inverse, dtype="int64"), axis=2)
+        past_mask = paddle.to_tensor(np.stack(masks)[inverse], dtype="int64")
         layers, _, _, kv_heads, _, head_dim = decoder.cache_shape
-        past = tokens.reshape([batch, history, layers, 2, kv_heads, head_dim]).transpose([2, 3, 0, 4, 1, 5])
         free = paddle.empty([layers, 2, batch, kv_heads, block + max_dec, head_dim], dtype="float32")
-        past_mask = paddle.to_tensor(np.arange(history)[None, :] >= (history - lengths)[:, None], dtype="int64")
         session = cls(decoder, batch, history + block + max_dec, paddle.concat([past_mask, block_mask.astype("int64")], axis=1),
                       cache=paddle.concat([past, free], axis=4))
         session.position = history
-        session.row_position = paddle.to_tensor(lengths, dtype="int64") - (block - block_mask.astype("int64").sum(axis=1))
+        lengths = paddle.to_tensor([cache.length for cache in caches], dtype="int64")
+        session.row_position = lengths - (block - block_mask.astype("int64").sum(axis=1))
         return session
 
     def forward(self, input_ids):
@@ -197,15 +203,15 @@ class NativeCacheSession:
 
     def row_caches(self, rows, counts):
         """The RowCaches of rows `rows` (their positions in the batch) holding their first `counts` real tokens
-        (at most those fed so far): one gather of every row's tokens."""
+        (at most those fed so far): the rows' slots up to now, taken together in one copy, with each row's mask
+        of the slots that hold its tokens."""
         valid = self.key_valid[:, : self.position].numpy()
-        length = self.cache.shape[4]
-        slots = np.concatenate([i * length + np.flatnonzero(valid[row])[:count] for i, (row, count) in enumerate(zip(rows, counts))])
-        selected = paddle.index_select(self.cache, paddle.to_tensor(rows, dtype="int64"), axis=2)
-        layers, _, _, kv_heads, _, head_dim = self.decoder.cache_shape
-        tokens = selected.transpose([2, 4, 0, 1, 3, 5]).reshape([len(rows) * length, layers * 2 * kv_heads * head_dim])
-        gathered = paddle.split(paddle.index_select(tokens, paddle.to_tensor(slots, dtype="int64")), list(counts))
-        return [RowCache(kv, count) for kv, count in zip(gathered, counts)]
+        slots = paddle.index_select(self.cache[:, :, :, :, : self.position], paddle.to_tensor(rows, dtype="int64"), axis=2)
+        caches = []
+        for index, (row, count) in enumerate(zip(rows, counts)):
+            mask = valid[row] * (np.cumsum(valid[row]) <= count)  # slots fed after its last real token are garbage
+            caches.append(RowCache(slots, index, mask, count))
+        return caches
 
     def repeat_rows(self, copies):
         """See StaticCacheDecoder.repeat_rows."""
@@ -223,8 +229,19 @@ class NativeCacheSession:
 
 
 class RowCache:
-    """The keys and values of a trajectory's first `length` tokens, [length, layers x 2 x kv_heads x head_dim],
-    at positions 0 .. length - 1: what a later turn of the trajectory continues from instead of prefilling them."""
+    """A trajectory's first `length` tokens' keys and values, at positions 0 .. length - 1: row `index` of
+    `slots` [layers, 2, rows, kv_heads, S, head_dim] (shared by the rows taken together), `valid` [S] marking the
+    slots that hold them. What a later turn of the trajectory continues from instead of prefilling them."""
 
-    def __init__(self, kv, length):
-        self.kv, self.length = kv, length
+    def __init__(self, slots, index, valid, length):
+        self.slots, self.index, self.valid, self.length = slots, index, valid, length
+
+
+def left_padded(cache, length):
+    """`cache` [layers, 2, rows, kv_heads, S, head_dim] with length - S empty slots before its S."""
+    missing = length - cache.shape[4]
+    if missing == 0:
+        return cache
+    shape = list(cache.shape)
+    shape[4] = missing
+    return paddle.concat([paddle.zeros(shape, dtype=cache.dtype), cache], axis=4)

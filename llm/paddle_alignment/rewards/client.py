@@ -45,7 +45,7 @@ class RetryableError(Exception):
 
 
 class RewardServerClient:
-    def __init__(self, url, timeout=30.0, max_retries=3, backoff=1.0, api_key=None, deadline=None):
+    def __init__(self, url, timeout=30.0, max_retries=3, backoff=1.0, api_key=None, deadline=None, name="reward server"):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"reward server url must start with http:// or https://, got {url!r}")
         if timeout <= 0:
@@ -54,7 +54,7 @@ class RewardServerClient:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if backoff < 0:
             raise ValueError(f"backoff must be >= 0 seconds, got {backoff}")
-        self.url = url.rstrip("/")
+        self.url, self.name = url.rstrip("/"), name  # the name errors give it: "reward server", "judge server"
         self.timeout = timeout
         self.max_retries = max_retries
         self.backoff = backoff
@@ -81,16 +81,16 @@ class RewardServerClient:
         scores = self.numbers(body.get("score"), expected, "scores")
         parts = body.get("score_parts") or {}
         if not isinstance(parts, dict):
-            raise RewardServerError(f"reward server at {self.url} returned score_parts that are not an object: {parts!r:.200}")
+            raise RewardServerError(f"{self.name} at {self.url} returned score_parts that are not an object: {parts!r:.200}")
         parts = {str(name): self.numbers(values, expected, f"{name!r} score parts") for name, values in parts.items()}
         return ScoredBatch(scores, parts, self.row_errors(body.get("row_errors") or [], expected))
 
     def numbers(self, values, expected, what):
         if not isinstance(values, list) or len(values) != expected:
             count = len(values) if isinstance(values, list) else type(values).__name__
-            raise RewardServerError(f"reward server at {self.url} returned {count} {what} for {expected} responses")
+            raise RewardServerError(f"{self.name} at {self.url} returned {count} {what} for {expected} responses")
         if not all(is_real_number(value) for value in values):
-            raise RewardServerError(f"reward server at {self.url} returned non-numeric {what}: {values[:8]}")
+            raise RewardServerError(f"{self.name} at {self.url} returned non-numeric {what}: {values[:8]}")
         return [float(value) for value in values]
 
     def row_errors(self, entries, expected):
@@ -98,7 +98,7 @@ class RewardServerClient:
         for entry in entries:
             index = entry.get("index") if isinstance(entry, dict) else None
             if not (isinstance(index, int) and 0 <= index < expected):
-                raise RewardServerError(f"reward server at {self.url} returned a row error naming no row of the batch: {entry!r:.200}")
+                raise RewardServerError(f"{self.name} at {self.url} returned a row error naming no row of the batch: {entry!r:.200}")
             errors.append((index, str(entry.get("error_msg", ""))))
         return errors
 
@@ -115,19 +115,19 @@ class RewardServerClient:
                 last_error = error
             if left() == 0:
                 raise RewardServerError(
-                    f"reward server at {self.url} ({method} {path}) answered nothing within {self.deadline.describe()}, "
+                    f"{self.name} at {self.url} ({method} {path}) answered nothing within {self.deadline.describe()}, "
                     f"after {watchdog.STEPS.done} RL steps; last error: {last_error}. Resume from the last checkpoint "
                     "by running the same command again"
                 )
             if attempt < attempts:
                 wait = min(self.backoff * 2 ** (attempt - 1), left())
                 logger.warning(
-                    f"reward server at {self.url} ({method} {path}): attempt {attempt}/{attempts} failed "
+                    f"{self.name} at {self.url} ({method} {path}): attempt {attempt}/{attempts} failed "
                     f"({last_error}); retrying in {wait:g}s"
                 )
                 time.sleep(wait)
         raise RewardServerError(
-            f"reward server at {self.url} stayed unreachable after {attempts} attempts; last error: {last_error}"
+            f"{self.name} at {self.url} stayed unreachable after {attempts} attempts; last error: {last_error}"
         )
 
     def _request_once(self, method, path, timeout, **kwargs):
@@ -141,7 +141,7 @@ class RewardServerClient:
             message = answer.text[:300]
         if answer.status_code >= 500 and not is_protocol_error(body):
             raise RetryableError(f"HTTP {answer.status_code}: {message}")
-        where = f"reward server at {self.url} ({method} {path})"
+        where = f"{self.name} at {self.url} ({method} {path})"
         if answer.status_code >= 400:
             raise RewardServerError(
                 f"{where} rejected the request with HTTP {answer.status_code}: {message}", answer.status_code

@@ -1,4 +1,5 @@
-"""Where rewards come from during training: a rule function in-process, the reward server, or a reward model.
+"""Where rewards come from during training: a rule function in-process, the reward server, a reward model, or an
+LLM judge (rewards/judge.py).
 
 Every scorer maps an Experience (texts, and the finished flags) to a ScoredBatch: one float per response,
 the score's parts when the rule has parts, and the rows that could not be scored. `max_score` is the score
@@ -122,6 +123,10 @@ def build_reward_scorer(args, reward_model=None, reward_tokenizer=None):
         return RewardModelScorer(reward_model, reward_tokenizer, args.per_device_reward_batch_size)
     if args.use_rule_reward:
         return RuleRewardScorer(args.reward_task)
+    if args.uses_judge:
+        from paddle_alignment.rewards.judge import build_judge_scorer
+
+        return build_judge_scorer(args)
     if not args.use_rm_server:
         return EnvironmentReturnsOnly()
     from paddle_alignment.rewards.client import RewardServerClient

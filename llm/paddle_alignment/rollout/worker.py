@@ -122,10 +122,11 @@ class RolloutWorker:
             scored = self.reward_scorer.score(exp)
         if scored.errors:
             shown = "\n".join(f"  row {index}: {message}" for index, message in scored.errors[:MAX_LOGGED_ROW_ERRORS])
-            logger.warning(
-                f"{len(scored.errors)} of {len(exp)} responses could not be scored and got the reward's min score "
-                f"(counted in reward_error_rows):\n{shown}"
+            fate = (
+                "leave the batch (counted in judge/excluded_rows)" if getattr(self.reward_scorer, "excludes_unscored", False)
+                else "got the reward's min score (counted in reward_error_rows)"
             )
+            logger.warning(f"{len(scored.errors)} of {len(exp)} responses could not be scored and {fate}:\n{shown}")
         return scored
 
     def greedy_rollouts(self, items):

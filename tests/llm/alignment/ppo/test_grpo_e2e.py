@@ -4,6 +4,7 @@
 import itertools
 import json
 import os
+import re
 import threading
 
 import numpy as np
@@ -171,6 +172,61 @@ def test_run_stops_when_the_reward_server_is_down(tiny_world, tmp_path):
     assert not (tmp_path / "policy").exists()
 
 
+def judging_app(asked):
+    """A judge server of the reward-server protocol: score 1 when the response is the reference, 0 when it is
+    another number, and no verdict (a row error) for anything else; records the `src` it was asked."""
+
+    def app(environ, start_response):
+        body = json.loads(environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)))
+        asked.extend(body["src"])
+        scores, errors = [], []
+        for index, (reference, response) in enumerate(zip(body["tgt"], body["response"])):
+            number = response.strip().isdigit()
+            scores.append(float(number and response.strip() == reference))
+            if not number:
+                errors.append({"index": index, "error_msg": "no verdict"})
+        answer = json.dumps({"error_code": 0, "error_msg": "", "score": scores, "row_errors": errors}).encode()
+        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(answer)))])
+        return [answer]
+
+    return app
+
+
+def test_a_judge_server_scores_and_the_rows_it_gives_no_verdict_leave_the_batch(tiny_world, tmp_path):
+    asked = []
+    template = "Grade: {prompt}{response} (reference {reference})"
+    with serving(judging_app(asked)) as url:
+        run_grpo(tiny_world, tmp_path, use_rule_reward=False, judge_server=url, judge_prompt_template=template,
+                 judge_max_score=1, max_steps=2, eval_steps=2, temperature=1.5)
+        assert re.fullmatch(r"Grade: \d\+\d\+\d=.* \(reference \d+\)", asked[0], re.DOTALL)
+        excluded = logged(tmp_path / "vdl", "train/judge/excluded_frac")
+        assert len(excluded) == 2 and 0 < max(excluded) < 1  # a hot sampler writes some non-numbers
+        assert 0 <= logged(tmp_path / "vdl", "train/accuracy")[0] <= 1 and logged(tmp_path / "vdl", "train/reward_error_rows") == [0.0, 0.0]
+        evaluation = json.loads((tmp_path / "eval_results.json").read_text())
+        assert 0 <= evaluation["eval_judge_excluded_frac"] < 1 and 0 <= evaluation["eval_accuracy"] <= 1
+        record = json.loads((tmp_path / "checkpoint-2" / "judge.json").read_text())
+        assert record["judge"] == f"server:{url}" and record == json.loads((tmp_path / "judge.json").read_text())
+        with pytest.raises(ValueError, match="another judge or prompt \\(prompt_sha256 differ"):
+            run_grpo(tiny_world, tmp_path / "again", use_rule_reward=False, judge_server=url,
+                     judge_prompt_template=template + " Be strict.", max_steps=3, resume_from_checkpoint=tmp_path / "checkpoint-2")
+
+
+def test_a_local_model_judges_with_the_template_and_its_replies_without_a_verdict_leave_the_batch(tiny_world, tmp_path):
+    """The tiny policy itself as the judge: asked "<response>+<prompt>" it writes a number, read by the pattern."""
+    run_grpo(tiny_world, tmp_path, use_rule_reward=False, judge_model_name_or_path=tiny_world["model"],
+             judge_prompt_template="{response}+{prompt}", judge_verdict_pattern=r"^(\d+)$", judge_max_new_tokens=4,
+             max_steps=2, eval_steps=0, temperature=1.5)
+    assert len(logged(tmp_path / "vdl", "train/judge/excluded_frac")) == 2
+    assert json.loads((tmp_path / "judge.json").read_text())["judge"] == f"model:{tiny_world['model']}"
+
+
+def test_a_judge_that_is_down_stops_the_run_naming_it_after_its_retries(tiny_world, tmp_path):
+    with pytest.raises(RewardServerError, match="judge server at http://127.0.0.1:9 stayed unreachable after 2 attempts"):
+        run_grpo(tiny_world, tmp_path, use_rule_reward=False, judge_server="http://127.0.0.1:9", reward_server_timeout=0.5,
+                 reward_server_max_retries=1)
+    assert not (tmp_path / "policy").exists()
+
+
 def stalling_after(answers):
     """The arith reward app (protocol only), answering `answers` scoring requests and holding every later one
     open without an answer until the returned event is set (a reward server that hangs)."""
@@ -232,6 +288,20 @@ def test_fixed_seed_runs_are_identical_and_resume_continues_exactly(tiny_world, 
     # A run that died after checkpoint-2 and is resumed from it ends where the uninterrupted run ends.
     run_grpo(tiny_world, tmp_path / "resumed", **common, resume_from_checkpoint=tmp_path / "straight" / "checkpoint-2")
     resumed = weights(tmp_path / "resumed" / "policy")
+    for name in straight:
+        np.testing.assert_allclose(resumed[name], straight[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_multi_turn_run_resumed_mid_run_ends_as_the_uninterrupted_run(tiny_world, tmp_path, monkeypatch):
+    """Trajectories of several turns (GuessTheNumber answers every wrong sum; the KV cache carried between turns):
+    a run resumed from checkpoint-2 ends on the weights of the run that went straight to step 4."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(REPO_ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
+    common = {"use_rule_reward": False, "environment": "tool_samples:GuessTheNumber", "max_turns": 3, "max_dec_len": 60,
+              "max_length": 76, "max_steps": 4, "eval_steps": 0}
+    run_grpo(tiny_world, tmp_path / "straight", **common)
+    assert min(logged(tmp_path / "straight" / "vdl", "train/multi_turn/turns")) > 2
+    run_grpo(tiny_world, tmp_path / "resumed", **common, resume_from_checkpoint=tmp_path / "straight" / "checkpoint-2")
+    straight, resumed = weights(tmp_path / "straight" / "policy"), weights(tmp_path / "resumed" / "policy")
     for name in straight:
         np.testing.assert_allclose(resumed[name], straight[name], rtol=1e-5, atol=1e-6, err_msg=name)
 

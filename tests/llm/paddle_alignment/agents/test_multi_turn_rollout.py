@@ -2,7 +2,6 @@
 the observation ids between them, masked out of training; budgets, failing and hanging tools end as counted,
 never as a hung or silent run; environments (agents/environments.py) answer turns and reward them."""
 
-import json
 import os
 
 import numpy as np
@@ -20,7 +19,7 @@ from paddle_alignment.deadline_workers import WorkerPool
 from paddle_alignment.models.native_forward import SWITCH as NATIVE_SWITCH
 from paddle_alignment.models.static_cache_decoder import StaticCacheDecoder
 from paddle_alignment.models.loading import load_tokenizer
-from paddle_alignment.rollout.decode import ROLLOUT_OPS, SamplingConfig, left_pad
+from paddle_alignment.rollout.decode import ROLLOUT_OPS, SamplingConfig
 
 import paddle
 

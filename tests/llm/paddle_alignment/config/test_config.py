@@ -55,6 +55,8 @@ def test_command_line_overrides_the_file(tmp_path):
     path.write_text(json.dumps(BASE))
     _, _, args = parse_arguments([str(path), "--max_steps", "7", "--num_return_sequences", "2"])
     assert args.max_steps == 7 and args.rollout_n == 2
+    _, _, args = parse_arguments([str(path), "--max_steps=8", "--tools=", "--output_dir=out/a=b"])  # argparse's --key=value
+    assert args.max_steps == 8 and args.tools == "" and args.output_dir == "out/a=b"
 
 
 @pytest.mark.parametrize(

@@ -480,7 +480,8 @@ def test_server_with_api_key_serves_requests_carrying_it(key_server_url):
 def test_trainer_client_sends_the_key_from_the_environment(key_server_url, monkeypatch):
     monkeypatch.setenv(API_KEY_ENV, "s3cret")
     args = SimpleNamespace(
-        use_rule_reward=False, reward_server=key_server_url, reward_server_timeout=5, reward_server_max_retries=0, reward_task="kk"
+        use_rule_reward=False, use_rm_server=True, uses_judge=False, reward_server=key_server_url, reward_server_timeout=5,
+        reward_server_max_retries=0, reward_task="kk",
     )
     scorer = build_reward_scorer(args)
     assert scorer.max_score == 3.0

@@ -501,7 +501,7 @@ class JudgeArguments:
     judge_model_name_or_path: str = field(default="", metadata={"help": "A local causal LM (Paddle's or Hugging Face's layout) that judges each response, greedily, from judge_prompt_template."})
     judge_server: str = field(default="", metadata={"help": "URL of a judge that speaks the reward-server protocol: it gets the filled judge_prompt_template as src, the reference as tgt, the response, and answers the score (row errors: no verdict)."})
     judge_prompt_template: str = field(default="", metadata={"help": "The judge's prompt, or a file holding it, with {prompt}, {response} and {reference} replaced by each rollout's (default: grade against the reference, reply [[1]] or [[0]])."})
-    judge_verdict_pattern: str = field(default=r"\[\[(-?\d+(?:\.\d+)?)\]\]", metadata={"help": "A regular expression whose first group, read as a number, is a local judge's score; a reply without it has no verdict: its row leaves the batch (judge/excluded_rows), never scored 0."})
+    judge_verdict_pattern: str = field(default=r"\[\[(-?\d+(?:\.\d+)?)\]\]", metadata={"help": "A regular expression whose first group, read as a number, is a local judge's score; a reply without it has no verdict: its row leaves the batch (judge/excluded_frac), never scored 0."})
     judge_max_new_tokens: int = field(default=64, metadata={"help": "Tokens a local judge may write per verdict."})
     judge_max_score: Optional[float] = field(default=None, metadata={"help": "The judge's score of a correct response, for the accuracy metric (unset: none)."})
 

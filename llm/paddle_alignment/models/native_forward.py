@@ -151,7 +151,7 @@ class NativeCacheSession:
     """The static-cache decode loop's forward on the native op: forward(input_ids [B, L]) -> logits of the
     last position [B, V], appending to one cache of `max_len` slots, prompt padding masked. Position i of the
     left-padded batch is i for every row; with `real_positions` (a session whose rows' caches carry over to
-    later turns, `continuing` and `row_cache`), positions count each row's real tokens, as the trainer's
+    later turns, `continuing` and `row_caches`), positions count each row's real tokens, as the trainer's
     forward counts them (`position_ids_from_mask`), so that a row's cache does not depend on its padding."""
 
     def __init__(self, decoder, batch_size, max_len, prompt_mask, real_positions=False, cache=None):

@@ -7,7 +7,7 @@ template is the request's `src`, and its `score` the verdict). The template's {p
 hold its verdict as the first group of `judge_verdict_pattern` (default `[[<number>]]`, MT-Bench's form).
 
 A verdict that cannot be read (a reply without the pattern, a server's row error) is never scored 0 or 0.5:
-its row leaves the batch before advantages are computed (counted in `judge/excluded_rows`, the first replies
+its row leaves the batch before advantages are computed (counted in `judge/excluded_frac`, the first replies
 logged), so nothing the judge did not say trains the policy. A judge that is down stops the run after the
 client's retries, with an error naming it (rewards/client.py). The judge's identity and a hash of its prompt
 template and pattern are written with every checkpoint (`judge.json`); resuming with another judge stops.

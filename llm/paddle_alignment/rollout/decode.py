@@ -9,6 +9,7 @@ Two decoders give the same output contract:
 """
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -237,20 +238,29 @@ def sample_continuations(model, tokenizer, prompt_ids, prompt_mask, n, sampling:
     adjacent): (response ids [B, R], the log-prob each token was drawn with [B, R] or None). The fast loop
     samples from `seed` (default: one drawn from paddle's generator) and records the log-probs (not when
     greedy); generate() samples from paddle's generator and records none."""
-    was_training = model.training
-    model.eval()
     ops = fast_path_ops(model, use_fast)
     logprobs = None
-    if ops is not None:
-        response_ids, logprobs, _ = decode_with_ops(
-            ops, model, tokenizer, prompt_ids, prompt_mask, sampling, draw_seed() if seed is None else seed, copies=n,
-        )
-    else:
-        input_ids, row_mask = (paddle.repeat_interleave(t, n, axis=0) for t in (prompt_ids, prompt_mask))
-        response_ids = decode_with_generate(model, tokenizer, input_ids, row_mask, sampling)
-    if was_training:  # (LoRAModel.train takes no mode argument)
-        model.train()
+    with eval_mode(model):
+        if ops is not None:
+            response_ids, logprobs, _ = decode_with_ops(
+                ops, model, tokenizer, prompt_ids, prompt_mask, sampling, draw_seed() if seed is None else seed, copies=n,
+            )
+        else:
+            input_ids, row_mask = (paddle.repeat_interleave(t, n, axis=0) for t in (prompt_ids, prompt_mask))
+            response_ids = decode_with_generate(model, tokenizer, input_ids, row_mask, sampling)
     return response_ids, logprobs
+
+
+@contextmanager
+def eval_mode(model):
+    """`model` in eval mode inside, back in training mode after if it was."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        if was_training:  # (LoRAModel.train takes no mode argument)
+            model.train()
 
 
 @paddle.no_grad()
@@ -267,13 +277,9 @@ def sample_turn(model, tokenizer, histories, caches, sampling: SamplingConfig, u
     past = caches if caches is not None and all(cache is not None for cache in caches) else None
     block = histories if past is None else [history[cache.length :] for history, cache in zip(histories, past)]
     input_ids, mask = left_pad(block, tokenizer.pad_token_id)
-    was_training = model.training
-    model.eval()
-    result = decode_with_ops(rollout_ops(), model, tokenizer, input_ids, mask, sampling, draw_seed() if seed is None else seed,
-                             past=past, carry=True)
-    if was_training:
-        model.train()
-    return result
+    with eval_mode(model):
+        return decode_with_ops(rollout_ops(), model, tokenizer, input_ids, mask, sampling,
+                               draw_seed() if seed is None else seed, past=past, carry=True)
 
 
 def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_fast=True, seed=None):

@@ -123,7 +123,7 @@ class RolloutWorker:
         if scored.errors:
             shown = "\n".join(f"  row {index}: {message}" for index, message in scored.errors[:MAX_LOGGED_ROW_ERRORS])
             fate = (
-                "leave the batch (counted in judge/excluded_rows)" if getattr(self.reward_scorer, "excludes_unscored", False)
+                "leave the batch (counted in judge/excluded_frac)" if getattr(self.reward_scorer, "excludes_unscored", False)
                 else "got the reward's min score (counted in reward_error_rows)"
             )
             logger.warning(f"{len(scored.errors)} of {len(exp)} responses could not be scored and {fate}:\n{shown}")

@@ -26,11 +26,11 @@ past `tool_timeout` ends its trajectory, counted in `multi_turn/env_errors` and 
 """
 
 import base64
-import importlib
 import inspect
 import pickle
 from dataclasses import dataclass
 
+from paddle_alignment.agents.tools import load_path
 from paddle_alignment.deadline_workers import CallFailed, DeadlineExceeded
 
 
@@ -56,11 +56,7 @@ class EnvironmentStep:
 
 def environment_class(path):
     """The Environment subclass at "module:Class" (the config's `environment`)."""
-    module, _, name = path.partition(":")
-    try:
-        target = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"environment: cannot load {path}: {type(error).__name__}: {error}") from None
+    target = load_path(path, "environment")
     if not (inspect.isclass(target) and issubclass(target, Environment)):
         raise TypeError(f"environment {path}: a subclass of paddle_alignment.agents.environments.Environment")
     for method in ("reset", "step"):

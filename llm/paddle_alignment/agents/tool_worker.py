@@ -2,9 +2,8 @@
 tool function by its path, or resets and steps an environment whose instance travels pickled. A call that hangs
 is killed with its worker; one that raises answers with its error."""
 
-import importlib
-
 from paddle_alignment.agents.environments import checked_step, pickled, unpickled
+from paddle_alignment.agents.tools import import_path
 from paddle_alignment.deadline_workers import serve
 
 _objects = {}
@@ -13,11 +12,7 @@ _objects = {}
 def object_at(path):
     """The function or class at "module:qualified.name", imported once per worker."""
     if path not in _objects:
-        module, _, name = path.partition(":")
-        target = importlib.import_module(module)
-        for part in name.split("."):
-            target = getattr(target, part)
-        _objects[path] = target
+        _objects[path] = import_path(path)
     return _objects[path]
 
 

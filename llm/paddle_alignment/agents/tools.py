@@ -176,17 +176,26 @@ def parse_tool_calls(text, style):
     raise ValueError(f"tool call style {style!r}: choose from {TOOL_CALL_STYLES}")
 
 
+def import_path(path):
+    """The object at "module:qualified.name" (ImportError or AttributeError when there is none)."""
+    module, _, name = path.partition(":")
+    target = importlib.import_module(module)
+    for part in name.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def load_path(path, key):
+    """The object at `path` of the config's `key`; ValueError naming both when it does not import."""
+    try:
+        return import_path(path)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"{key}: cannot load {path}: {type(error).__name__}: {error}") from None
+
+
 def load_tools(paths):
     """The Tools of the config's `tools` ("module:function" each)."""
-    tools = []
-    for path in paths:
-        module, _, name = path.partition(":")
-        try:
-            function = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as error:
-            raise ValueError(f"tools: cannot load {path}: {type(error).__name__}: {error}") from None
-        tools.append(Tool.from_function(function))
-    return tools
+    return [Tool.from_function(load_path(path, "tools")) for path in paths]
 
 
 class ToolBox:

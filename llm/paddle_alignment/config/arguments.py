@@ -577,17 +577,13 @@ class MultiTurnArguments:
     def validate_multi_turn(self):
         if self.tool_call_style not in TOOL_CALL_STYLES:
             raise ValueError(f"tool_call_style={self.tool_call_style!r}: choose from {TOOL_CALL_STYLES}")
-        for spec in self.tool_paths:
-            if spec.count(":") != 1 or not all(spec.split(":")):
-                raise ValueError(f"tools: {spec!r} is not module:function")
+        check_import_paths(self.tool_paths, "tools", "module:function")
+        check_import_paths(self.environment_paths, "environment", "module:Class")
         for key in ("max_turns", "max_tool_response_tokens", "tool_workers"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
         if self.tool_timeout <= 0:
             raise ValueError(f"tool_timeout must be positive, got {self.tool_timeout}")
-        for spec in self.environment_paths:
-            if spec.count(":") != 1 or not all(spec.split(":")):
-                raise ValueError(f"environment: {spec!r} is not module:Class")
         if self.tool_paths and self.environment_paths:
             raise ValueError("tools and environment together: an environment answers every turn itself (call the tools from its step)")
         if not 0 < self.turn_reward_discount <= 1:
@@ -792,6 +788,13 @@ def check_choices(args, choices):
         value = getattr(args, key)
         if value not in registry.names():
             raise ValueError(f"{key}={value!r} is not available; choose from {registry.names()}")
+
+
+def check_import_paths(paths, key, form):
+    """Each entry of the config's `key` is written `form` (module:name)."""
+    for spec in paths:
+        if spec.count(":") != 1 or not all(spec.split(":")):
+            raise ValueError(f"{key}: {spec!r} is not {form}")
 
 
 def check_non_negative(args, keys):

@@ -99,6 +99,8 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, tokenizer=tokenizer)
         self.reference_model = reference_model
         self.reward_scorer = reward_scorer
+        # A judge's rows without a readable verdict leave the batch (rewards/judge.py); other sources score every row.
+        self.excludes_unread_rows = getattr(reward_scorer, "excludes_unscored", False)
         self.critic = critic_model
         self.ptx_dataset = ptx_dataset
         self.lora_save_merged = lora_save_merged
@@ -378,7 +380,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         """With a judge (a scorer that `excludes_unscored`), the rows it gave no readable verdict leave the batch
         before rewards are shaped: nothing the judge did not say trains the policy. A batch left empty on any
         rank stops the run on every rank (the judge's replies are logged above it)."""
-        if not getattr(self.reward_scorer, "excludes_unscored", False):
+        if not self.excludes_unread_rows:
             return exp
         kept = np.flatnonzero(~exp.unscored.numpy())
         fewest = all_reduce_scalars({"kept": float(len(kept))}, op=dist.ReduceOp.MIN, what="rows with a verdict")["kept"]
@@ -392,7 +394,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
 
     def judge_metrics(self, scored, generated):
         """judge/excluded_frac: the share of this step's rollouts the judge gave no readable verdict."""
-        if not getattr(self.reward_scorer, "excludes_unscored", False):
+        if not self.excludes_unread_rows:
             return {}
         return {"judge/excluded_frac": 1.0 - scored / generated}
 
@@ -623,11 +625,10 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
         dataset = eval_dataset or self.eval_dataset
         shard = rank_shard(len(dataset))
         size = self.args.per_device_eval_batch_size
-        excludes = getattr(self.reward_scorer, "excludes_unscored", False)
         totals = {"correct": 0.0, "reward": 0.0, "tool_callers": 0.0, "scored": 0.0, "count": 0.0}
         for start in range(0, len(shard), size):
             exp = self.rollout_worker.greedy_rollouts([dataset[i] for i in shard[start : start + size]])
-            scores = exp.scores.numpy()[~exp.unscored.numpy()] if excludes else exp.scores.numpy()
+            scores = exp.scores.numpy()[~exp.unscored.numpy()] if self.excludes_unread_rows else exp.scores.numpy()
             if self.reward_scorer.max_score is not None:
                 totals["correct"] += float(np.sum(scores >= self.reward_scorer.max_score))
             if exp.turn_stats is not None:
@@ -642,6 +643,6 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
             metrics[f"{metric_key_prefix}_accuracy"] = totals["correct"] / scored
         if self.args.tool_paths:
             metrics[f"{metric_key_prefix}_tool_call_rate"] = totals["tool_callers"] / totals["count"]
-        if excludes:
+        if self.excludes_unread_rows:
             metrics[f"{metric_key_prefix}_judge_excluded_frac"] = 1.0 - totals["scored"] / totals["count"]
         return metrics

@@ -107,18 +107,18 @@ class LocalJudge:
         return request
 
     def replies(self, requests):
-        from paddle_alignment.rollout.decode import SamplingConfig, decode_responses, left_pad, sample_continuations
+        from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
 
         greedy = SamplingConfig(max_dec_len=self.max_new_tokens, greedy=True)
-        texts = []
-        for start in range(0, len(requests), self.batch_size):
-            ids = [self.tokenizer.encode(self.render(r), add_special_tokens=False)["input_ids"] for r in requests[start : start + self.batch_size]]
-            input_ids, mask = left_pad(ids, self.tokenizer.pad_token_id)
-            responses, _ = sample_continuations(self.model, self.tokenizer, input_ids, mask, 1, greedy, self.use_fast)
-            rows = responses.numpy().tolist()
-            eos = self.tokenizer.eos_token_id
-            texts += decode_responses(self.tokenizer, [row[: row.index(eos)] if eos in row else row for row in rows])
-        return texts
+        items = [
+            {"prompt": text, "label": "", "input_ids": self.tokenizer.encode(text, add_special_tokens=False)["input_ids"]}
+            for text in map(self.render, requests)
+        ]
+        return [
+            reply
+            for start in range(0, len(items), self.batch_size)
+            for reply in generate_rollouts(self.model, self.tokenizer, items[start : start + self.batch_size], 1, greedy, self.use_fast).responses
+        ]
 
     def __call__(self, requests, exp):
         replies = self.replies(requests)
@@ -146,12 +146,9 @@ def build_judge_scorer(args):
     """The JudgeScorer of the config's judge_* keys (a local model or a server)."""
     template = read_template(args.judge_prompt_template)
     if args.judge_server:
-        from paddle_alignment import watchdog
-        from paddle_alignment.rewards.client import RewardServerClient
+        from paddle_alignment.rewards.scoring import server_client
 
-        client = RewardServerClient(args.judge_server, timeout=args.reward_server_timeout,
-                                    max_retries=args.reward_server_max_retries, deadline=watchdog.Deadline(),
-                                    name="judge server")
+        client = server_client(args, args.judge_server, name="judge server")
         return JudgeScorer(ServerJudge(client), template, {"judge": f"server:{client.url}"}, args.judge_max_score)
     from paddle_alignment.models.loading import load_policy
 

@@ -129,10 +129,13 @@ def build_reward_scorer(args, reward_model=None, reward_tokenizer=None):
         return build_judge_scorer(args)
     if not args.use_rm_server:
         return EnvironmentReturnsOnly()
+    return ServerRewardScorer(server_client(args, args.reward_server), args.reward_task)
+
+
+def server_client(args, url, name="reward server"):
+    """A client of the reward-server protocol at `url` with the config's timeout, retries and the run's deadline;
+    `name` ("reward server", "judge server") is what its errors call it."""
     from paddle_alignment.rewards.client import RewardServerClient
 
-    client = RewardServerClient(
-        args.reward_server, timeout=args.reward_server_timeout, max_retries=args.reward_server_max_retries,
-        deadline=watchdog.Deadline(),
-    )
-    return ServerRewardScorer(client, args.reward_task)
+    return RewardServerClient(url, timeout=args.reward_server_timeout, max_retries=args.reward_server_max_retries,
+                              deadline=watchdog.Deadline(), name=name)

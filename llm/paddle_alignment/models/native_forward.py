@@ -206,7 +206,7 @@ class NativeCacheSession:
         (at most those fed so far): the rows' slots up to now, taken together in one copy, with each row's mask
         of the slots that hold its tokens."""
         valid = self.key_valid[:, : self.position].numpy()
-        slots = paddle.index_select(self.cache[:, :, :, :, : self.position], paddle.to_tensor(rows, dtype="int64"), axis=2)
+        slots = paddle.index_select(self.cache, paddle.to_tensor(rows, dtype="int64"), axis=2)[:, :, :, :, : self.position]
         caches = []
         for index, (row, count) in enumerate(zip(rows, counts)):
             mask = valid[row] * (np.cumsum(valid[row]) <= count)  # slots fed after its last real token are garbage

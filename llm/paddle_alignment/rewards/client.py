@@ -153,6 +153,13 @@ class RewardServerClient:
         return body
 
 
+def server_client(args, url, name="reward server"):
+    """A client of the reward-server protocol at `url` with the config's timeout, retries and the run's deadline;
+    `name` ("reward server", "judge server") is what its errors call it."""
+    return RewardServerClient(url, timeout=args.reward_server_timeout, max_retries=args.reward_server_max_retries,
+                              deadline=watchdog.Deadline(), name=name)
+
+
 def json_object_or_none(answer):
     try:
         body = answer.json()

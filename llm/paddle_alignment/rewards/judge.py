@@ -19,6 +19,7 @@ import os
 import re
 
 from paddle_alignment.rewards import ScoredBatch, shown
+from paddle_alignment.rewards.client import server_client
 
 JUDGE_RECORD_NAME = "judge.json"
 DEFAULT_VERDICT_PATTERN = r"\[\[(-?\d+(?:\.\d+)?)\]\]"
@@ -146,8 +147,6 @@ def build_judge_scorer(args):
     """The JudgeScorer of the config's judge_* keys (a local model or a server)."""
     template = read_template(args.judge_prompt_template)
     if args.judge_server:
-        from paddle_alignment.rewards.scoring import server_client
-
         client = server_client(args, args.judge_server, name="judge server")
         return JudgeScorer(ServerJudge(client), template, {"judge": f"server:{client.url}"}, args.judge_max_score)
     from paddle_alignment.models.loading import load_policy

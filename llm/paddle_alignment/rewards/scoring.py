@@ -10,10 +10,10 @@ report accuracy; `parts` the (min, max) of each part, for the accuracy of each.
 import paddle
 from paddlenlp.utils.log import logger
 
-from paddle_alignment import watchdog
 from paddle_alignment.data.datasets import encode_completion, pad_right
 from paddle_alignment.models.tensor_parallel import whole
 from paddle_alignment.rewards import REWARD_TASKS, ScoredBatch, get_reward_task
+from paddle_alignment.rewards.client import server_client
 
 
 class RuleRewardScorer:
@@ -131,11 +131,3 @@ def build_reward_scorer(args, reward_model=None, reward_tokenizer=None):
         return EnvironmentReturnsOnly()
     return ServerRewardScorer(server_client(args, args.reward_server), args.reward_task)
 
-
-def server_client(args, url, name="reward server"):
-    """A client of the reward-server protocol at `url` with the config's timeout, retries and the run's deadline;
-    `name` ("reward server", "judge server") is what its errors call it."""
-    from paddle_alignment.rewards.client import RewardServerClient
-
-    return RewardServerClient(url, timeout=args.reward_server_timeout, max_retries=args.reward_server_max_retries,
-                              deadline=watchdog.Deadline(), name=name)

@@ -621,7 +621,8 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         """Greedy accuracy (when the reward has a max score), mean reward and, with tools, the fraction of answers
         that called one, on this rank's share of the eval prompts, summed over ranks. With a judge, the answers
-        it gave no readable verdict are left out of the accuracy and the mean, and counted."""
+        it gave no readable verdict are left out of the accuracy and the mean, and counted; with none read, neither is
+        reported."""
         dataset = eval_dataset or self.eval_dataset
         shard = rank_shard(len(dataset))
         size = self.args.per_device_eval_batch_size
@@ -637,10 +638,14 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
             totals["scored"] += len(scores)
             totals["count"] += len(exp)
         totals = all_reduce_scalars(totals, what="evaluation totals")
-        scored = max(totals["scored"], 1.0)
-        metrics = {f"{metric_key_prefix}_reward_mean": totals["reward"] / scored}
-        if self.reward_scorer.max_score is not None:
-            metrics[f"{metric_key_prefix}_accuracy"] = totals["correct"] / scored
+        metrics = {}
+        if totals["scored"]:
+            metrics[f"{metric_key_prefix}_reward_mean"] = totals["reward"] / totals["scored"]
+            if self.reward_scorer.max_score is not None:
+                metrics[f"{metric_key_prefix}_accuracy"] = totals["correct"] / totals["scored"]
+        else:
+            logger.warning(f"evaluation at step {self.state.global_step}: the judge read no verdict on any of the "
+                           f"{int(totals['count'])} answers, so no {metric_key_prefix}_reward_mean or accuracy is reported")
         if self.args.tool_paths:
             metrics[f"{metric_key_prefix}_tool_call_rate"] = totals["tool_callers"] / totals["count"]
         if self.excludes_unread_rows:

@@ -172,16 +172,17 @@ def test_run_stops_when_the_reward_server_is_down(tiny_world, tmp_path):
     assert not (tmp_path / "policy").exists()
 
 
-def judging_app(asked):
+def judging_app(asked, readable=lambda response: response.strip().isdigit()):
     """A judge server of the reward-server protocol: score 1 when the response is the reference, 0 when it is
-    another number, and no verdict (a row error) for anything else; records the `src` it was asked."""
+    another number, and no verdict (a row error) for anything else or anything not `readable`; records the `src`
+    it was asked."""
 
     def app(environ, start_response):
         body = json.loads(environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)))
         asked.extend(body["src"])
         scores, errors = [], []
         for index, (reference, response) in enumerate(zip(body["tgt"], body["response"])):
-            number = response.strip().isdigit()
+            number = readable(response)
             scores.append(float(number and response.strip() == reference))
             if not number:
                 errors.append({"index": index, "error_msg": "no verdict"})
@@ -209,6 +210,15 @@ def test_a_judge_server_scores_and_the_rows_it_gives_no_verdict_leave_the_batch(
         with pytest.raises(ValueError, match="another judge or prompt \\(prompt_sha256 differ"):
             run_grpo(tiny_world, tmp_path / "again", use_rule_reward=False, judge_server=url,
                      judge_prompt_template=template + " Be strict.", max_steps=3, resume_from_checkpoint=tmp_path / "checkpoint-2")
+
+
+def test_an_evaluation_the_judge_read_nothing_of_reports_no_reward_or_accuracy(tiny_world, tmp_path):
+    with serving(judging_app([], readable=lambda response: False)) as url:
+        run_grpo(tiny_world, tmp_path, do_eval=True, use_rule_reward=False, judge_server=url,
+                 judge_prompt_template="{prompt}{response}", judge_max_score=1)
+    evaluation = json.loads((tmp_path / "eval_results.json").read_text())
+    assert evaluation["eval_judge_excluded_frac"] == 1.0
+    assert not {"eval_reward_mean", "eval_accuracy"} & set(evaluation)
 
 
 def test_a_local_model_judges_with_the_template_and_its_replies_without_a_verdict_leave_the_batch(tiny_world, tmp_path):

@@ -4,7 +4,9 @@
 // products, attention's included, go to MKL's sgemm (Paddle's own libmklml_intel, so MKL's threads and its
 // AVX2 setting apply) and the rest (RMSNorm, rotary, softmax, SwiGLU) runs in plain vectorised loops on one
 // thread.
-// llm/alignment/ppo/models/native_forward.py gathers the weights and calls it; csrc/README.md documents it.
+// llm/paddle_alignment/models/native_forward.py lists the model's own weight tensors and calls it (no copies:
+// q, k and v, and gate and up, are separate products writing their columns of one output); csrc/README.md
+// documents it.
 //
 // native_decoder_forward(input_ids [B, S], position_ids [B, S], key_valid [B, T], cache [L, 2, B, KV, T, D],
 //                        cos [.., D], sin [.., D], weights)
@@ -15,9 +17,10 @@
 // A query with no visible key (a left-padding position) gets a zero attention output; nothing else reads
 // it, since its key is masked for every query. Heads h = kv * (heads / kv_heads) + g share kv head kv, as
 // paddlenlp's repeat_kv arranges them, without materialising the repeated heads.
-// weights, per layer: input_norm [H], qkv [H, (heads + 2 kv_heads) D], (qkv_bias [(heads + 2 kv_heads) D]
-// when has_qkv_bias), o [heads D, H], post_norm [H], gate_up [H, 2 I] (gate columns first), down [I, H];
-// then embedding [V, H], final_norm [H], lm_head ([H, V], or [V, H] with transpose_lm_head: tied).
+// weights, per layer: input_norm [H], q [H, heads D], k [H, kv_heads D], v [H, kv_heads D], (q_bias, k_bias,
+// v_bias of those widths when has_qkv_bias), o [heads D, H], post_norm [H], gate [H, I], up [H, I], down [I, H]
+// (a fused gate_up [H, 2 I], gate columns first, passes as gate with an empty up); then embedding [V, H],
+// final_norm [H], lm_head ([H, V], or [V, H] with transpose_lm_head: tied).
 
 #include <algorithm>
 #include <cmath>
@@ -89,7 +92,8 @@ struct Dims {
 };
 
 struct Layer {
-  const float *input_norm, *qkv, *qkv_bias, *o, *post_norm, *gate_up, *down;
+  const float *input_norm, *q, *k, *v, *q_bias, *k_bias, *v_bias, *o, *post_norm, *gate, *up, *down;
+  int64_t gate_up_ld;  // floats between rows of gate and of up: I, or 2 I in a fused gate_up
 };
 
 struct Cache {
@@ -106,10 +110,20 @@ struct Cache {
 void ProjectQkv(const Layer& w, const Dims& d, const Cache& cache, int64_t l, int64_t start, const float* normed,
                 const int64_t* positions, const float* cos, const float* sin, float* qkv) {
   const int64_t width = d.qkv_width(), n = d.tokens(), dim = d.head_dim;
-  if (w.qkv_bias != nullptr) {
-    for (int64_t r = 0; r < n; ++r) std::copy(w.qkv_bias, w.qkv_bias + width, qkv + r * width);
+  const int64_t q = d.q_width(), kv = d.kv_width();
+  const bool bias = w.q_bias != nullptr;
+  if (bias) {
+    for (int64_t r = 0; r < n; ++r) {
+      float* row = qkv + r * width;
+      std::copy(w.q_bias, w.q_bias + q, row);
+      std::copy(w.k_bias, w.k_bias + kv, row + q);
+      std::copy(w.v_bias, w.v_bias + kv, row + q + kv);
+    }
   }
-  mkl::MatMul(normed, w.qkv, qkv, n, width, d.hidden, w.qkv_bias != nullptr ? 1.0f : 0.0f);
+  const float beta = bias ? 1.0f : 0.0f;
+  mkl::MatMulColumns(normed, w.q, q, qkv, width, n, q, d.hidden, beta);
+  mkl::MatMulColumns(normed, w.k, kv, qkv + q, width, n, kv, d.hidden, beta);
+  mkl::MatMulColumns(normed, w.v, kv, qkv + q + kv, width, n, kv, d.hidden, beta);
   for (int64_t b = 0; b < d.batch; ++b) {
     for (int64_t s = 0; s < d.seq; ++s) {
       float* row = qkv + (b * d.seq + s) * width;
@@ -234,11 +248,24 @@ std::vector<Layer> CheckLayers(const std::vector<paddle::Tensor>& weights, const
   for (int64_t l = 0, i = 0; l < d.layers; ++l) {
     Layer w;
     w.input_norm = Weight(weights[i++], {d.hidden}, "input_norm");
-    w.qkv = Weight(weights[i++], {d.hidden, d.qkv_width()}, "qkv");
-    w.qkv_bias = has_qkv_bias ? Weight(weights[i++], {d.qkv_width()}, "qkv_bias") : nullptr;
+    w.q = Weight(weights[i++], {d.hidden, d.q_width()}, "q");
+    w.k = Weight(weights[i++], {d.hidden, d.kv_width()}, "k");
+    w.v = Weight(weights[i++], {d.hidden, d.kv_width()}, "v");
+    w.q_bias = has_qkv_bias ? Weight(weights[i++], {d.q_width()}, "q_bias") : nullptr;
+    w.k_bias = has_qkv_bias ? Weight(weights[i++], {d.kv_width()}, "k_bias") : nullptr;
+    w.v_bias = has_qkv_bias ? Weight(weights[i++], {d.kv_width()}, "v_bias") : nullptr;
     w.o = Weight(weights[i++], {d.q_width(), d.hidden}, "o");
     w.post_norm = Weight(weights[i++], {d.hidden}, "post_norm");
-    w.gate_up = Weight(weights[i++], {d.hidden, 2 * d.inner}, "gate_up");
+    const paddle::Tensor &gate = weights[i++], &up = weights[i++];
+    if (up.numel() == 0) {  // a fused gate_up
+      w.gate = Weight(gate, {d.hidden, 2 * d.inner}, "gate_up");
+      w.up = w.gate + d.inner;
+      w.gate_up_ld = 2 * d.inner;
+    } else {
+      w.gate = Weight(gate, {d.hidden, d.inner}, "gate");
+      w.up = Weight(up, {d.hidden, d.inner}, "up");
+      w.gate_up_ld = d.inner;
+    }
     w.down = Weight(weights[i++], {d.inner, d.hidden}, "down");
     layers.push_back(w);
   }
@@ -261,17 +288,18 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
   PD_CHECK(input_ids.shape().size() == 2 && position_ids.shape() == input_ids.shape(),
            "input_ids and position_ids must be [batch, seq]");
   PD_CHECK(cs.size() == 6 && cs[1] == 2 && cs[2] == input_ids.shape()[0], "cache must be [layers, 2, batch, kv_heads, len, head_dim]");
-  const int64_t per_layer = has_qkv_bias ? 7 : 6;
+  const int64_t per_layer = has_qkv_bias ? 12 : 9;
   PD_CHECK(static_cast<int64_t>(weights.size()) == cs[0] * per_layer + 3, "weights must hold ", per_layer,
            " tensors per layer and 3 more");
   const auto& embedding = weights[weights.size() - 3];
   PD_CHECK(embedding.shape().size() == 2, "embedding must be [vocab, hidden]");
-  const auto& qkv0 = weights[1];
-  const auto& gate_up0 = weights[has_qkv_bias ? 5 : 4];
+  const auto& q0 = weights[1];
+  const auto& down0 = weights[per_layer - 1];
+  PD_CHECK(down0.shape().size() == 2, "down must be [inner, hidden]");
   Dims d{input_ids.shape()[0], input_ids.shape()[1], embedding.shape()[1], 0, cs[3], cs[5],
-         gate_up0.shape().back() / 2, embedding.shape()[0], cs[0], cs[4]};
-  PD_CHECK(qkv0.shape().size() == 2 && qkv0.shape()[1] % d.head_dim == 0, "qkv must be [hidden, (heads + 2 kv_heads) head_dim]");
-  d.heads = qkv0.shape()[1] / d.head_dim - 2 * d.kv_heads;
+         down0.shape()[0], embedding.shape()[0], cs[0], cs[4]};
+  PD_CHECK(q0.shape().size() == 2 && q0.shape()[1] % d.head_dim == 0, "q must be [hidden, heads head_dim]");
+  d.heads = q0.shape()[1] / d.head_dim;
   PD_CHECK(d.heads > 0 && d.heads % d.kv_heads == 0, "heads must be a multiple of kv_heads");
   PD_CHECK(d.head_dim % 2 == 0, "head_dim must be even");
   PD_CHECK(start >= 0 && start + d.seq <= d.cache_len, "tokens at [", start, ", ", start + d.seq,
@@ -312,7 +340,9 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
     mkl::MatMul(attn.data(), w.o, hidden.data(), n, d.hidden, d.q_width(), 1.0f);  // the residual add: beta = 1
     fused::RmsNormRows(hidden.data(), nullptr, w.post_norm, epsilon, n, d.hidden, normed.data(), nullptr,
                        nullptr);
-    mkl::MatMul(normed.data(), w.gate_up, gate_up.data(), n, 2 * d.inner, d.hidden, 0.0f);
+    mkl::MatMulColumns(normed.data(), w.gate, w.gate_up_ld, gate_up.data(), 2 * d.inner, n, d.inner, d.hidden, 0.0f);
+    mkl::MatMulColumns(normed.data(), w.up, w.gate_up_ld, gate_up.data() + d.inner, 2 * d.inner, n, d.inner, d.hidden,
+                       0.0f);
     SwigluRows(gate_up.data(), n, d.inner, act.data());
     mkl::MatMul(act.data(), w.down, hidden.data(), n, d.hidden, d.inner, 1.0f);
   }

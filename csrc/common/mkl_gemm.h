@@ -72,6 +72,13 @@ inline void MatMul(const float* a, const float* b, float* c, int64_t m, int64_t 
           c, n);
 }
 
+// c [m, n] = a [m, k] @ b [k, n] + beta * c with rows of b `ldb` floats apart and rows of c `ldc` apart: the
+// columns of a wider matrix (a slice of a fused weight, or of an output several products fill side by side).
+inline void MatMulColumns(const float* a, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t m, int64_t n,
+                          int64_t k, float beta) {
+  Sgemm()(kRowMajor, kNoTrans, kNoTrans, m, n, k, 1.0f, a, k, b, ldb, beta, c, ldc);
+}
+
 // Products c = alpha op(a) op(b) + beta c, gathered, then run in one batched call (Run), which MKL spreads over
 // its threads; consecutive products of one shape and scalars form one group of the call. Products of one call
 // must not write the same c.

@@ -2,8 +2,8 @@
 (`native_decoder_forward`, csrc/decoder_ops.cc): the rollout's decode loop and the reference/old log-probs
 need no autograd, and eager Paddle spends most of their time dispatching hundreds of small ops.
 
-`NativeDecoder.for_model(model)` gathers the model's weights once (q/k/v and gate/up concatenated, as the
-static-cache decoder does), or returns None, saying once why, where the op does not apply: the op is not
+`NativeDecoder.for_model(model)` lists the model's weight tensors for the op (no copies: the op computes q, k
+and v, and gate and up, as separate products into one output each), or returns None, saying once why, where the op does not apply: the op is not
 built, PADDLE_ALIGNMENT_FUSED_KERNELS=off (Paddle's own ops, for comparison) or
 PADDLE_ALIGNMENT_NATIVE_FORWARD=off (the eager passes with the fused kernels), or the model is not a
 float32 CPU Qwen2/Llama on one device without LoRA adapters. Callers then run the model's own forward.
@@ -30,7 +30,7 @@ import paddle
 
 from paddle_alignment.algos.token_stats import position_ids_from_mask
 from paddle_alignment.custom_ops import paddlenlp_ops_with
-from paddle_alignment.models.decoder_weights import LayerWeights, LMHead, unsupported_reason
+from paddle_alignment.models.decoder_weights import LMHead, unsupported_reason
 from paddle_alignment.models.fused_kernels import fused_ops
 from paddle_alignment.models.lora_utils import is_lora
 from paddle_alignment.models.tensor_parallel import is_tensor_parallel
@@ -81,26 +81,33 @@ def native_unsupported_reason(model):
 
 
 class NativeDecoder:
-    """A model's weights in the op's order, gathered once per pass."""
+    """A model's own weight tensors in the op's order: listed, not copied, so making one costs nothing and it
+    always computes with the model's current weights."""
 
     def __init__(self, model, ops):
         self.ops = ops
         base = getattr(model, model.base_model_prefix)
-        layers = [LayerWeights(layer, group=None) for layer in base.layers]
-        self.has_qkv_bias = layers[0].qkv_bias is not None
+        attention = base.layers[0].self_attn
+        self.has_qkv_bias = any(proj.bias is not None for proj in (attention.q_proj, attention.k_proj, attention.v_proj))
         self.lm_head = LMHead(model.lm_head, group=None)
         self.transpose_lm_head = self.lm_head.transpose
-        self.weights = [w for layer in layers for w in self.layer_weights(layer)]
+        self.weights = [w for layer in base.layers for w in self.layer_weights(layer)]
         self.weights += [base.embed_tokens.weight, base.norm.weight, self.lm_head.weight]
         self.epsilon = float(base.norm.variance_epsilon)
-        attention = base.layers[0].self_attn
         self.rotary_emb = attention.rotary_emb
-        self.cache_shape = [len(layers), 2, None, attention.num_key_value_heads, None, attention.head_dim]
+        self.cache_shape = [len(base.layers), 2, None, attention.num_key_value_heads, None, attention.head_dim]
 
     def layer_weights(self, layer):
-        bias = [layer.qkv_bias] if self.has_qkv_bias else []
-        return [layer.input_norm.weight, layer.qkv_weight, *bias, layer.o_proj.weight, layer.post_norm.weight,
-                layer.gate_up_weight, layer.down_proj.weight]
+        attention, mlp = layer.self_attn, layer.mlp
+        projections = [attention.q_proj, attention.k_proj, attention.v_proj]
+        biases = [proj.bias if proj.bias is not None else paddle.zeros([proj.weight.shape[1]], "float32")
+                  for proj in projections] if self.has_qkv_bias else []
+        if getattr(mlp, "fuse_attention_ffn", False):  # [gate | up] columns in one weight: the op reads both halves
+            gate_up = [mlp.gate_up_fused_proj.weight, paddle.empty([0], dtype="float32")]
+        else:
+            gate_up = [mlp.gate_proj.weight, mlp.up_proj.weight]
+        return [layer.input_layernorm.weight, *(proj.weight for proj in projections), *biases,
+                attention.o_proj.weight, layer.post_attention_layernorm.weight, *gate_up, mlp.down_proj.weight]
 
     @classmethod
     def for_model(cls, model):

@@ -153,8 +153,8 @@ class RolloutWorker:
     def compute_logprobs(self, model, exp):
         """Log-probs of the response tokens under `model` at the sampling temperature: [B, R], in micro-batches
         of per_device_logprob_batch_size rows' tokens (micro_batches.py), the LM head applied logprob_chunk_tokens
-        positions at a time. A float32 CPU Qwen2/Llama runs the native no-gradient forward (weights gathered
-        once per call)."""
+        positions at a time. A float32 CPU Qwen2/Llama runs the native no-gradient forward (on the model's own
+        weight tensors)."""
         chunk_tokens, temperature = self.args.logprob_chunk_tokens, self.sampling.temperature
         native = NativeDecoder.for_model(model)  # None: the model's own forward (said once why)
 

@@ -34,13 +34,13 @@ def ops():
     return built_paddlenlp_ops(FUSED_OPS + NATIVE_OPS)
 
 
-def tiny_model(architecture, tie_word_embeddings=False, max_positions=64):
+def tiny_model(architecture, tie_word_embeddings=False, max_positions=64, **overrides):
     """A random tiny model with GQA (4 heads, 2 kv heads) and non-default rope_theta and rms_norm_eps."""
     config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[architecture]
     config = config_class(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=max_positions, rope_theta=5000.0, rms_norm_eps=1e-5,
-        tie_word_embeddings=tie_word_embeddings,
+        tie_word_embeddings=tie_word_embeddings, **overrides,
     )
     paddle.seed(0)
     model = model_class(config)
@@ -61,9 +61,10 @@ def padded_batch(prompt_lengths, prompt_len, response_lengths, response_len):
 MODELS = [("qwen2", False), ("qwen2", True), ("llama", False), ("llama", True)]
 
 
-@pytest.mark.parametrize("architecture, tied", MODELS)
-def test_response_hidden_states_and_logprobs_match_paddlenlp(ops, architecture, tied):
-    model = tiny_model(architecture, tied)
+@pytest.mark.parametrize("architecture, tied, overrides", [*((*m, {}) for m in MODELS), ("qwen2", False, {"fuse_attention_ffn": True})],
+                         ids=[*(f"{a}-{t}" for a, t in MODELS), "qwen2-fused-ffn"])
+def test_response_hidden_states_and_logprobs_match_paddlenlp(ops, architecture, tied, overrides):
+    model = tiny_model(architecture, tied, **overrides)
     prompt_len = 5
     input_ids, mask = padded_batch([5, 2, 3, 1], prompt_len, [6, 3, 1, 6], 6)
     with paddle.no_grad():

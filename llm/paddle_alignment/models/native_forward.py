@@ -23,6 +23,7 @@ masked keys; nothing reads those positions.
 
 import logging
 import os
+import weakref
 from functools import lru_cache
 
 import numpy as np
@@ -33,7 +34,6 @@ from paddle_alignment.custom_ops import paddlenlp_ops_with
 from paddle_alignment.models.decoder_weights import LMHead, unsupported_reason
 from paddle_alignment.models.fused_kernels import fused_ops
 from paddle_alignment.models.lora_utils import is_lora
-from paddle_alignment.models.tensor_parallel import is_tensor_parallel
 
 logger = logging.getLogger(__name__)
 
@@ -56,22 +56,43 @@ def warn_unsupported(reason):
 
 def native_unsupported_reason(model):
     """Why the native op cannot run `model`, or None when it can."""
+    return op_weights(model)[1]
+
+
+def op_weights(model):
+    """(the tensors the op would read for `model`, None) when it can run it, else (None, why not)."""
+    reason = structure_reason(model)
+    if reason is None and model.training and getattr(model.config, "attention_dropout", 0.0) > 0:
+        reason = "attention dropout in training mode"
+    if reason is not None:
+        return None, reason
+    weights = NativeDecoder.weight_list(model)
+    reason = weights_reason(weights)
+    return (None, reason) if reason is not None else (weights, None)
+
+
+STRUCTURE_REASONS = weakref.WeakKeyDictionary()  # model -> structure_reason(model): found once per model object
+
+
+def structure_reason(model):
+    """What in `model`'s class, config or layers the op does not compute, or None. These never change for a
+    model object, and finding them walks every layer, so they are found once per model."""
+    if model not in STRUCTURE_REASONS:
+        STRUCTURE_REASONS[model] = find_structure_reason(model)
+    return STRUCTURE_REASONS[model]
+
+
+def find_structure_reason(model):
     if is_lora(model):
         return "LoRA-wrapped models run their adapters in their own forward"
     reason = unsupported_reason(model)
     if reason is not None:
         return reason
-    if is_tensor_parallel(model):
-        return "tensor-parallel models"
     config = model.config
     if getattr(config, "alibi", False) or not getattr(config, "rope", True):
         return "only rotary position embeddings are supported"
     if getattr(config, "use_sliding_window", False):
         return "sliding-window attention is not supported"
-    if model.training and getattr(config, "attention_dropout", 0.0) > 0:
-        return "attention dropout in training mode"
-    if any(p.dtype != paddle.float32 or not p.place.is_cpu_place() for p in model.parameters()):
-        return "only float32 CPU weights are supported"
     for layer in getattr(model, model.base_model_prefix).layers:
         linears = [layer.self_attn.o_proj, layer.mlp.down_proj]
         linears += [] if getattr(layer.mlp, "fuse_attention_ffn", False) else [layer.mlp.gate_proj, layer.mlp.up_proj]
@@ -80,34 +101,56 @@ def native_unsupported_reason(model):
     return None
 
 
+def weights_reason(weights):
+    """Why the op cannot read `weights` (the tensors it would be given), or None. Checked at every pass: a model
+    may be split by the tensor-parallel plan, or moved to another device or precision, after its first pass."""
+    if any(w.is_dist() for w in weights):
+        return "tensor-parallel models"
+    if any(w.dtype != paddle.float32 or not w.place.is_cpu_place() for w in weights):
+        return "only float32 CPU weights are supported"
+    return None
+
+
+def layer_weights(layer):
+    """A decoder layer's tensors in the op's order (q/k/v biases, when any projection has one, zeros for those
+    without)."""
+    attention, mlp = layer.self_attn, layer.mlp
+    projections = [attention.q_proj, attention.k_proj, attention.v_proj]
+    biases = [proj.bias if proj.bias is not None else paddle.zeros([proj.weight.shape[1]], "float32")
+              for proj in projections] if has_qkv_bias(attention) else []
+    if getattr(mlp, "fuse_attention_ffn", False):  # [gate | up] columns in one weight: the op reads both halves
+        gate_up = [mlp.gate_up_fused_proj.weight, paddle.empty([0], dtype="float32")]
+    else:
+        gate_up = [mlp.gate_proj.weight, mlp.up_proj.weight]
+    return [layer.input_layernorm.weight, *(proj.weight for proj in projections), *biases,
+            attention.o_proj.weight, layer.post_attention_layernorm.weight, *gate_up, mlp.down_proj.weight]
+
+
+def has_qkv_bias(attention):
+    return any(proj.bias is not None for proj in (attention.q_proj, attention.k_proj, attention.v_proj))
+
+
 class NativeDecoder:
     """A model's own weight tensors in the op's order: listed, not copied, so making one costs nothing and it
     always computes with the model's current weights."""
 
-    def __init__(self, model, ops):
-        self.ops = ops
+    def __init__(self, model, ops, weights):
+        self.ops, self.weights = ops, weights
         base = getattr(model, model.base_model_prefix)
         attention = base.layers[0].self_attn
-        self.has_qkv_bias = any(proj.bias is not None for proj in (attention.q_proj, attention.k_proj, attention.v_proj))
+        self.has_qkv_bias = has_qkv_bias(attention)
         self.lm_head = LMHead(model.lm_head, group=None)
         self.transpose_lm_head = self.lm_head.transpose
-        self.weights = [w for layer in base.layers for w in self.layer_weights(layer)]
-        self.weights += [base.embed_tokens.weight, base.norm.weight, self.lm_head.weight]
         self.epsilon = float(base.norm.variance_epsilon)
         self.rotary_emb = attention.rotary_emb
         self.cache_shape = [len(base.layers), 2, None, attention.num_key_value_heads, None, attention.head_dim]
 
-    def layer_weights(self, layer):
-        attention, mlp = layer.self_attn, layer.mlp
-        projections = [attention.q_proj, attention.k_proj, attention.v_proj]
-        biases = [proj.bias if proj.bias is not None else paddle.zeros([proj.weight.shape[1]], "float32")
-                  for proj in projections] if self.has_qkv_bias else []
-        if getattr(mlp, "fuse_attention_ffn", False):  # [gate | up] columns in one weight: the op reads both halves
-            gate_up = [mlp.gate_up_fused_proj.weight, paddle.empty([0], dtype="float32")]
-        else:
-            gate_up = [mlp.gate_proj.weight, mlp.up_proj.weight]
-        return [layer.input_layernorm.weight, *(proj.weight for proj in projections), *biases,
-                attention.o_proj.weight, layer.post_attention_layernorm.weight, *gate_up, mlp.down_proj.weight]
+    @staticmethod
+    def weight_list(model):
+        """The tensors the op reads, in its order (csrc/README.md): the model's own, none copied."""
+        base = getattr(model, model.base_model_prefix)
+        weights = [w for layer in base.layers for w in layer_weights(layer)]
+        return weights + [base.embed_tokens.weight, base.norm.weight, model.lm_head.weight]
 
     @classmethod
     def for_model(cls, model):
@@ -115,11 +158,11 @@ class NativeDecoder:
         ops = native_ops()
         if ops is None:
             return None
-        reason = native_unsupported_reason(model)
+        weights, reason = op_weights(model)
         if reason is not None:
             warn_unsupported(reason)
             return None
-        return cls(model, ops)
+        return cls(model, ops, weights)
 
     def rope_tables(self, length):
         """cos and sin of positions [0, length): [length, head_dim] float32 (the model's own tables)."""

@@ -143,7 +143,8 @@ def test_unsupported_models_fall_back_with_one_warning(ops, caplog):
     model = tiny_model("qwen2")
     lora = LoRAModel(model, LoRAConfig(target_modules=[".*q_proj.*"], r=2, lora_alpha=4))
     half = tiny_model("llama")
-    half.to(dtype="bfloat16")
+    assert NativeDecoder.for_model(half) is not None
+    half.to(dtype="bfloat16")  # after a first pass: its structure is kept, its weights are checked at every pass
     native_forward.warn_unsupported.cache_clear()
     with caplog.at_level(logging.WARNING, logger=native_forward.logger.name):
         assert NativeDecoder.for_model(lora) is None and NativeDecoder.for_model(lora) is None

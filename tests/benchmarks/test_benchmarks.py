@@ -28,6 +28,12 @@ def test_bench_rollout_correction_prints_its_figure(tiny_world, tmp_path):
     assert last.startswith("min_eval_accuracy=") and 0 <= float(last.split("=")[1]) <= 1
 
 
+def test_bench_sync_check_prints_its_figure(tiny_world):
+    last = run_script("benchmarks/bench_sync_check.py", "--model", tiny_world["model"], "--versions", "2")
+    assert last.startswith("check_ms=")
+    float(last.split("=")[1])  # a difference of medians: may be negative on two versions of a busy machine
+
+
 def test_bench_rollout_prints_its_figure():
     last = run_script("benchmarks/bench_rollout.py", "--configs", "tiny", "--repeats", "1", "--rollout_n", "8", "--new_tokens", "16")
     assert last.startswith("speedup_vs_generate=") and float(last.split("=")[1]) > 0

@@ -1,27 +1,32 @@
 """Every weight sync verified: a sampler that loads policy version v must compute what the trainer's v computes.
 
-The trainer, when it publishes version v (rollout/weights.py), records two things beside the weights: the
-log-probs its policy gives a fixed probe batch (random token ids, the same in every process: `probe_batch`),
-through the same pass the samplers use for the behaviour log-probs (`RolloutWorker.compute_logprobs`), and a
-digest of every parameter (its sum and sum of squares, frozen base weights included). A sampler, once it has
-loaded v, computes the same two and compares: probe log-probs further apart than `rollout_sync_tolerance`
-stop the run with an error naming the version, the sampler and the parameter whose digest differs most.
+The trainer, when it publishes version v (rollout/weights.py), records beside the weights the log-probs its
+policy gives a fixed probe batch (random token ids, the same in every process: `probe_batch`), through the
+pass the samplers use for the behaviour log-probs (`RolloutWorker.batch_logprobs`), and a digest of its frozen
+parameters (sum and sum of squares of each; they never change, so it is computed once). A sampler, once it
+has loaded v, computes the probe's log-probs too: further apart than `rollout_sync_tolerance`, the run stops
+with an error naming the version, the sampler and the parameter that differs most, found only then: each
+trained parameter against the value the file holds, each frozen one against the trainer's digest.
 That catches weights that never reached the model that samples (verl #7495: a LoRA adapter that never
 reached the engine, taken for staleness for months), a stale or partial load, and a sampler whose frozen
-weights differ from the trainer's, each of which otherwise only bends the curves.
+weights differ from the trainer's, each of which otherwise only bends the curves. Its cost per version is
+the two probe forwards: nothing is digested or compared while the log-probs agree.
 """
 
+import weakref
 from functools import lru_cache
 
 import numpy as np
 import paddle
 
 from paddle_alignment.experience import Experience
-from paddle_alignment.rollout.weights import host_array
+from paddle_alignment.models.native_forward import NativeDecoder
+from paddle_alignment.rollout.weights import host_array, trained_state
 
-PROBE_ROWS, PROBE_PROMPT_TOKENS, PROBE_RESPONSE_TOKENS = 2, 8, 8
+PROBE_ROWS, PROBE_PROMPT_TOKENS, PROBE_RESPONSE_TOKENS = 2, 4, 4
 PROBE_SEED = 20261125
 DIGEST_CHUNK = 1 << 20  # values converted to float64 at a time: no float64 copy of a whole embedding
+FROZEN_DIGESTS = weakref.WeakKeyDictionary()  # the trainer's policy -> its frozen parameters' digest
 
 
 @lru_cache(maxsize=None)
@@ -40,56 +45,81 @@ def probe_batch(vocab_size):
     )
 
 
-def named_parameters(model):
-    """(name, parameter) of every parameter, frozen ones included, sorted by name."""
-    return sorted(model.named_parameters(), key=lambda item: item[0])
+def probe_logprobs(worker):
+    """[PROBE_ROWS, PROBE_RESPONSE_TOKENS] float32: `worker.policy`'s log-probs of the probe, in one forward."""
+    policy = worker.policy
+    with worker.offload.on_device("train_model"):
+        logprobs = worker.batch_logprobs(policy, NativeDecoder.for_model(policy), probe_batch(policy.config.vocab_size))
+    return logprobs.numpy().astype("float32")
 
 
-def parameter_digest(model):
-    """[parameters, 2] float64: each parameter's sum and sum of squares, in named_parameters' order."""
-    parameters = named_parameters(model)
+def frozen_parameters(model, trained):
+    """(name, parameter) of `model`'s parameters not named in `trained` (those the trainer trains and publishes:
+    the rest are a LoRA policy's base weights, or none), sorted by name."""
+    return sorted(((name, p) for name, p in model.named_parameters() if name not in trained), key=lambda item: item[0])
+
+
+def parameter_digest(parameters):
+    """[len(parameters), 2] float64: each (name, parameter)'s sum and sum of squares."""
     digest = np.empty([len(parameters), 2], dtype="float64")
     for row, (_, parameter) in enumerate(parameters):
         values = host_array(parameter).ravel()
         total = squares = 0.0
         for start in range(0, values.size, DIGEST_CHUNK):
-            chunk = values[start : start + DIGEST_CHUNK].astype("float64")
+            chunk = float64_values(values[start : start + DIGEST_CHUNK])
             total, squares = total + chunk.sum(), squares + chunk @ chunk
         digest[row] = total, squares
     return digest
 
 
+def float64_values(array):
+    """`array`'s values in float64; a bfloat16 tensor's host array holds its bits as uint16 (host_array)."""
+    if array.dtype == np.uint16:
+        array = (array.astype(np.uint32) << 16).view(np.float32)
+    return array.astype("float64")
+
+
 def record(worker):
-    """What the trainer publishes with a version: the probe's log-probs and the parameter digest of
-    `worker.policy`."""
-    with worker.offload.on_device("train_model"):
-        logprobs = worker.compute_logprobs(worker.policy, probe_batch(worker.policy.config.vocab_size))
-    return {"probe_logprobs": logprobs.numpy().astype("float32"), "digest": parameter_digest(worker.policy)}
+    """What the trainer publishes with a version: the probe's log-probs under `worker.policy`, and the digest
+    of its frozen parameters."""
+    policy = worker.policy
+    if policy not in FROZEN_DIGESTS:
+        FROZEN_DIGESTS[policy] = parameter_digest(frozen_parameters(policy, trained_state(policy)))
+    return {"probe_logprobs": probe_logprobs(worker), "frozen_digest": FROZEN_DIGESTS[policy]}
 
 
-def verify(worker, recorded, version, engine, tolerance):
-    """Raise when `worker.policy` (just loaded with `version`) gives the probe other log-probs than the
-    trainer `recorded`; `engine` names the sampler in the message."""
-    mine = record(worker)
-    gap = float(np.abs(mine["probe_logprobs"] - recorded["probe_logprobs"]).max())
+def verify(worker, recorded, published, version, engine, tolerance):
+    """Raise when `worker.policy`, just loaded with `version` (whose trained parameters the trainer published
+    as `published`, name -> array), gives the probe other log-probs than the trainer `recorded`; `engine`
+    names the sampler in the message."""
+    gap = float(np.abs(probe_logprobs(worker) - recorded["probe_logprobs"]).max())
     if gap <= tolerance:
         return
     raise RuntimeError(
         f"weight sync check failed: {engine} loaded policy version {version}, but its probe log-probs differ from "
         f"the trainer's by up to {gap:.4g} (rollout_sync_tolerance {tolerance:g}); "
-        + differing_parameter(worker.policy, mine["digest"], recorded["digest"])
+        + differing_parameter(worker.policy, published, recorded["frozen_digest"])
     )
 
 
-def differing_parameter(model, mine, theirs):
-    """Which parameter's digest differs most from the trainer's, in words."""
-    if mine.shape != theirs.shape:
-        return f"and it has {len(mine)} parameters where the trainer's policy has {len(theirs)}"
-    names = [name for name, _ in named_parameters(model)]
-    relative = np.abs(mine - theirs).max(axis=1) / (np.abs(theirs).max(axis=1) + 1e-12)
-    worst = int(relative.argmax())
-    if relative[worst] == 0:
+def differing_parameter(model, published, frozen_digest):
+    """Which parameter differs most from the trainer's, in words: a trained one against its `published` value,
+    or a frozen one against the trainer's `frozen_digest`."""
+    state = model.state_dict()  # it holds every published name: loading checked that
+    differences = []  # (relative difference, name, how it differs)
+    for name, theirs in published.items():
+        mine, theirs = (float64_values(array) for array in (host_array(state[name]), theirs))
+        difference = float(np.abs(mine - theirs).max()) if mine.shape == theirs.shape else np.inf
+        differences.append((difference / (float(np.abs(theirs).max()) + 1e-12), name,
+                            f"largest difference {difference:.6g} from the value the trainer published"))
+    frozen = frozen_parameters(model, published)
+    if len(frozen) != len(frozen_digest):
+        return f"and it has {len(frozen)} frozen parameters where the trainer's policy has {len(frozen_digest)}"
+    for (name, _), mine, theirs in zip(frozen, parameter_digest(frozen), frozen_digest):
+        differences.append((float(np.abs(mine - theirs).max() / (np.abs(theirs).max() + 1e-12)), name,
+                            f"frozen: sum {mine[0]:.6g}, sum of squares {mine[1]:.6g}; the trainer's {theirs[0]:.6g}, {theirs[1]:.6g}"))
+    relative, name, how = max(differences, default=(0.0, None, None))
+    if relative == 0:
         return ("yet every parameter equals the trainer's: the two passes compute differently (precision or "
                 "kernels); raise rollout_sync_tolerance if that gap is expected")
-    return (f"the parameter that differs most: {names[worst]} (sum {mine[worst, 0]:.6g}, sum of squares "
-            f"{mine[worst, 1]:.6g}; the trainer's {theirs[worst, 0]:.6g}, {theirs[worst, 1]:.6g})")
+    return f"the parameter that differs most: {name} ({how})"

@@ -143,7 +143,8 @@ def remove_all(folder):
 
 def wait_and_load(model, folder, version, timeout, alive):
     """Load version `version` into `model`, waiting up to `timeout` seconds for it to be published while
-    `alive()` (the trainer still runs); returns the weight-sync check's arrays published with it ({} if none)."""
+    `alive()` (the trainer still runs); returns the weights loaded (name -> array) and the weight-sync check's
+    arrays published with them ({} if none)."""
     path = weights_path(folder, version)
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
@@ -155,7 +156,7 @@ def wait_and_load(model, folder, version, timeout, alive):
     state = read_version(path, version)
     check = {name[len(CHECK_PREFIX):]: state.pop(name) for name in list(state) if name.startswith(CHECK_PREFIX)}
     assign(model, state, path)
-    return check
+    return state, check
 
 
 def assign(model, state, path):

@@ -155,19 +155,22 @@ class RolloutWorker:
         of per_device_logprob_batch_size rows' tokens (micro_batches.py), the LM head applied logprob_chunk_tokens
         positions at a time. A float32 CPU Qwen2/Llama runs the native no-gradient forward (on the model's own
         weight tensors)."""
-        chunk_tokens, temperature = self.args.logprob_chunk_tokens, self.sampling.temperature
         native = NativeDecoder.for_model(model)  # None: the model's own forward (said once why)
-
-        def logprobs_of(micro):
-            with self.autocast():
-                if native is None:
-                    return whole(response_token_stats(model, micro, temperature, chunk_tokens)[0])
-                hidden = native.response_hidden(micro.input_ids, micro.attention_mask, micro.prompt_len)
-                head = native.lm_head
-                return head_token_stats(hidden, head.weight, head.transpose, response_labels(micro), temperature, chunk_tokens)[0]
-
+        micro_batching = MicroBatching.from_args(self.args, self.args.per_device_logprob_batch_size)
         with tensor_parallel_waits(model, "the log-prob forward"):
-            return MicroBatching.from_args(self.args, self.args.per_device_logprob_batch_size).run(exp, logprobs_of)
+            return micro_batching.run(exp, lambda micro: self.batch_logprobs(model, native, micro))
+
+    @paddle.no_grad()
+    def batch_logprobs(self, model, native, exp):
+        """compute_logprobs of `exp` in one forward (`native`: `model`'s NativeDecoder, or None): a micro-batch,
+        or the weight-sync probe (sync_check.py), which is too small to split."""
+        chunk_tokens, temperature = self.args.logprob_chunk_tokens, self.sampling.temperature
+        with self.autocast():
+            if native is None:
+                return whole(response_token_stats(model, exp, temperature, chunk_tokens)[0])
+            hidden = native.response_hidden(exp.input_ids, exp.attention_mask, exp.prompt_len)
+            head = native.lm_head
+            return head_token_stats(hidden, head.weight, head.transpose, response_labels(exp), temperature, chunk_tokens)[0]
 
     def compute_reference_logprobs(self, exp):
         """The reference model's log-probs; for a LoRA policy without a separate reference, the policy's own
@@ -182,11 +185,11 @@ class RolloutWorker:
         """Load the policy version the trainer published in `folder` (decoupled rollout), waiting for it at most
         `timeout` seconds while `trainer_alive()`, and check that it computes what the trainer's does
         (sync_check.py; `engine` names this sampler in the error)."""
-        check = weights.wait_and_load(self.policy, folder, version, timeout, trainer_alive)
+        published, check = weights.wait_and_load(self.policy, folder, version, timeout, trainer_alive)
         if self.args.rollout_sync_check:
             if not check:
                 raise RuntimeError(f"policy version {version} in {folder} was published without the weight-sync check's arrays")
-            sync_check.verify(self, check, version, engine, self.args.rollout_sync_tolerance)
+            sync_check.verify(self, check, published, version, engine, self.args.rollout_sync_tolerance)
 
     def publish_weights(self, folder, version, keep):
         """Publish the policy as `version` into `folder` (decoupled rollout), with the weight-sync check's arrays."""

@@ -2,6 +2,7 @@
 learns. The staleness bound, behaviour log-probs in the ratio, weight publishing that never shows a partial
 file, faults on either side, exact resume, and every kind of run it must serve."""
 
+import dataclasses
 import json
 import os
 import pickle
@@ -22,7 +23,7 @@ from helpers import REPO_ROOT, TINY_CONFIG, assert_frozen_run_resumes_as_uninter
 from helpers import weights as model_weights
 from llm.alignment.ppo import run_ppo
 from paddle_alignment.checkpoints import saving as checkpoint_io
-from paddle_alignment.rollout import ColocatedRollout, weights
+from paddle_alignment.rollout import ColocatedRollout, sync_check, weights
 from paddle_alignment.rollout.decode import ROLLOUT_OPS
 from paddle_alignment.rollout.decoupled import process_alive
 from paddle_alignment.rollout.worker import RolloutWorker
@@ -384,6 +385,40 @@ def test_every_weight_sync_is_checked_against_the_trainers_log_probs(tiny_world,
                rf"differ from the trainer's by up to .* \(rollout_sync_tolerance 0.0001\); the parameter that differs most: {moved} ")
     with pytest.raises(RuntimeError, match=message):
         sampler.update_weights(folder, 2, 1, lambda: True, "rollout sampler 0 (cpu)")
+
+
+def test_a_frozen_parameter_that_differs_is_named_against_the_trainers_digest(tiny_world, tmp_path):
+    """A parameter the trainer does not train (a LoRA policy's base weights) is not published: the sampler's own
+    copy of it is compared with the digest the trainer recorded once."""
+    built_paddlenlp_ops(ROLLOUT_OPS)
+    trainer, sampler = sync_pair(tiny_world, tmp_path)
+    folder, frozen = str(tmp_path / "rollout"), "qwen2.layers.0.mlp.up_proj.weight"
+    os.makedirs(folder)
+    dict(trainer.policy.named_parameters())[frozen].stop_gradient = True
+    trainer.publish_weights(folder, 0, keep=0)
+    train_one_parameter(sampler.policy, frozen)  # the sampler's base weights are not the trainer's
+    message = rf"the parameter that differs most: {frozen} \(frozen: sum .*; the trainer's .*\)$"
+    with pytest.raises(RuntimeError, match=message):
+        sampler.update_weights(folder, 0, 1, lambda: True, "rollout sampler 0 (cpu)")
+
+
+def test_the_digest_sums_bfloat16_values_not_their_bits():
+    values = [1.5, -2.25, 3.0]
+    digests = [sync_check.parameter_digest([("w", paddle.to_tensor(values, dtype=dtype))]) for dtype in ("bfloat16", "float32")]
+    np.testing.assert_array_equal(digests[0], [[2.25, 1.5**2 + 2.25**2 + 3.0**2]])
+    np.testing.assert_array_equal(digests[0], digests[1])
+
+
+def test_equal_weights_that_compute_otherwise_are_said_to(tiny_world, tmp_path):
+    """Every parameter the trainer's, the log-probs still apart (here the sampler computes at another
+    temperature; on GPUs, another precision): the message says the passes differ, not the weights."""
+    trainer, sampler = sync_pair(tiny_world, tmp_path)
+    folder = str(tmp_path / "rollout")
+    os.makedirs(folder)
+    trainer.publish_weights(folder, 0, keep=0)
+    sampler.sampling = dataclasses.replace(sampler.sampling, temperature=1.3)
+    with pytest.raises(RuntimeError, match="yet every parameter equals the trainer's: the two passes compute differently"):
+        sampler.update_weights(folder, 0, 1, lambda: True, "rollout sampler 0 (cpu)")
 
 
 def test_a_version_published_without_the_check_is_refused(tiny_world, tmp_path):

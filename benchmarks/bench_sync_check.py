@@ -38,7 +38,8 @@ from paddle_alignment.rollout.worker import RolloutWorker  # noqa: E402
 def pair(model, work):
     """The trainer's rollout worker and a sampler's over its own copy of `model`, loaded as a sampler loads it."""
     trainer = build_trainer([
-        CONFIG, "--actor_model_name_or_path", model, "--train_datasets", os.path.join(work, "data", "rl", "train.jsonl"),
+        CONFIG, "--actor_model_name_or_path", model,
+        "--train_datasets", os.path.join(work, "data", "rl", "train.jsonl"),
         "--eval_datasets", "", "--output_dir", os.path.join(work, "out"), "--logging_dir", os.path.join(work, "vdl"),
         "--use_rm_server", "false", "--use_rule_reward", "true",
     ])
@@ -48,7 +49,8 @@ def pair(model, work):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="policy checkpoint (default: a random tiny Qwen2 of the demo's shape)")
+    parser.add_argument("--model", default=None,
+                        help="policy checkpoint (default: a random tiny Qwen2 of the demo's shape)")
     parser.add_argument("--versions", type=int, default=40)
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bench_sync_check_")

@@ -3,9 +3,9 @@
 need no autograd, and eager Paddle spends most of their time dispatching hundreds of small ops.
 
 `NativeDecoder.for_model(model)` lists the model's weight tensors for the op (no copies: the op computes q, k
-and v, and gate and up, as separate products into one output each), or returns None, saying once why, where the op does not apply: the op is not
-built, PADDLE_ALIGNMENT_FUSED_KERNELS=off (Paddle's own ops, for comparison) or
-PADDLE_ALIGNMENT_NATIVE_FORWARD=off (the eager passes with the fused kernels), or the model is not a
+and v, and gate and up, as separate products into one output each), or returns None, saying once why,
+where the op does not apply: the op is not built, PADDLE_ALIGNMENT_FUSED_KERNELS=off (Paddle's own ops, for
+comparison) or PADDLE_ALIGNMENT_NATIVE_FORWARD=off (the eager passes with the fused kernels), or the model is not a
 float32 CPU Qwen2/Llama on one device without LoRA adapters. Callers then run the model's own forward.
 
 - `response_hidden(input_ids, attention_mask, prompt_len)`: the trainer's log-prob pass, positions counted
@@ -111,13 +111,13 @@ def weights_reason(weights):
     return None
 
 
-def layer_weights(layer):
-    """A decoder layer's tensors in the op's order (q/k/v biases, when any projection has one, zeros for those
-    without)."""
+def layer_weights(layer, with_qkv_bias):
+    """A decoder layer's tensors in the op's order (q/k/v biases `with_qkv_bias`, zeros for a projection
+    without one)."""
     attention, mlp = layer.self_attn, layer.mlp
     projections = [attention.q_proj, attention.k_proj, attention.v_proj]
     biases = [proj.bias if proj.bias is not None else paddle.zeros([proj.weight.shape[1]], "float32")
-              for proj in projections] if has_qkv_bias(attention) else []
+              for proj in projections] if with_qkv_bias else []
     if getattr(mlp, "fuse_attention_ffn", False):  # [gate | up] columns in one weight: the op reads both halves
         gate_up = [mlp.gate_up_fused_proj.weight, paddle.empty([0], dtype="float32")]
     else:
@@ -127,6 +127,7 @@ def layer_weights(layer):
 
 
 def has_qkv_bias(attention):
+    """Whether the op takes q/k/v biases for this model (decided on its first layer, for all)."""
     return any(proj.bias is not None for proj in (attention.q_proj, attention.k_proj, attention.v_proj))
 
 
@@ -149,7 +150,8 @@ class NativeDecoder:
     def weight_list(model):
         """The tensors the op reads, in its order (csrc/README.md): the model's own, none copied."""
         base = getattr(model, model.base_model_prefix)
-        weights = [w for layer in base.layers for w in layer_weights(layer)]
+        with_bias = has_qkv_bias(base.layers[0].self_attn)  # the op's has_qkv_bias, which NativeDecoder passes
+        weights = [w for layer in base.layers for w in layer_weights(layer, with_bias)]
         return weights + [base.embed_tokens.weight, base.norm.weight, model.lm_head.weight]
 
     @classmethod

@@ -117,7 +117,8 @@ def differing_parameter(model, published, frozen_digest):
         return f"and it has {len(frozen)} frozen parameters where the trainer's policy has {len(frozen_digest)}"
     for (name, _), mine, theirs in zip(frozen, parameter_digest(frozen), frozen_digest):
         differences.append((float(np.abs(mine - theirs).max() / (np.abs(theirs).max() + 1e-12)), name,
-                            f"frozen: sum {mine[0]:.6g}, sum of squares {mine[1]:.6g}; the trainer's {theirs[0]:.6g}, {theirs[1]:.6g}"))
+                            f"frozen: sum {mine[0]:.6g}, sum of squares {mine[1]:.6g}; "
+                            f"the trainer's {theirs[0]:.6g}, {theirs[1]:.6g}"))
     relative, name, how = max(differences, default=(0.0, None, None))
     if relative == 0:
         return ("yet every parameter equals the trainer's: the two passes compute differently (precision or "

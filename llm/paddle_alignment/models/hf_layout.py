@@ -46,7 +46,14 @@ FUSED_LAYOUT_FLAGS = ("fuse_attention_qkv", "fuse_attention_ffn")
 
 def weight_files(folder):
     """The safetensors files of `folder` when it holds a model in Hugging Face's layout, else None (a
-    Paddle-layout folder, or not a local folder). paddlenlp writes safetensors marked "np" with its own
+    Paddle-layout folder, or not a local folder)."""
+    found = safetensors_files(folder)
+    return found[0] if found and found[1] else None
+
+
+def safetensors_files(folder):
+    """(paths, in Hugging Face's layout) of `folder`'s safetensors, or None when it holds none (or Paddle's
+    pickles, which paddlenlp's loader reads first). paddlenlp writes safetensors marked "np" with its own
     names; transformers marks them "pt", and files some tools write without metadata have `model.` names."""
     if not os.path.isdir(folder) or any(os.path.exists(os.path.join(folder, name)) for name in PADDLE_WEIGHTS):
         return None
@@ -67,9 +74,7 @@ def weight_files(folder):
     paths = [os.path.join(folder, name) for name in names]
     with safe_open(paths[0], framework="np") as f:
         metadata, keys = f.metadata() or {}, list(f.keys())
-    if metadata.get("format") == "pt" or (not metadata and any(k.startswith(f"{HF_BACKBONE}.") for k in keys)):
-        return paths
-    return None
+    return paths, metadata.get("format") == "pt" or (not metadata and any(k.startswith(f"{HF_BACKBONE}.") for k in keys))
 
 
 def paddle_name(hf_name, prefix):
@@ -84,10 +89,10 @@ def hf_name(name, prefix):
     return {prefix: f"{HF_BACKBONE}.{rest}", SCORE_HEAD: f"{HF_SCORE}.{rest}"}.get(head, name)
 
 
-def is_transposed(name, tensor):
-    """Whether Paddle stores this tensor as the transpose of PyTorch's: every matrix but the embedding
-    (Linear layers and an untied LM head keep [in, out]; a tied LM head is the embedding itself)."""
-    return len(tensor.shape) == 2 and not name.endswith("embed_tokens.weight")
+def is_transposed(name, shape):
+    """Whether Paddle stores the tensor `name` of `shape` as the transpose of PyTorch's: every matrix but the
+    embedding (Linear layers and an untied LM head keep [in, out]; a tied LM head is the embedding itself)."""
+    return len(shape) == 2 and not name.endswith("embed_tokens.weight")
 
 
 def model_class_config(folder, options):
@@ -109,34 +114,75 @@ def load_hf_folder(folder, class_for_config, **options):
     model's own keyword arguments), its parameters filled from the safetensors. A score head the folder
     lacks (a causal LM's folder given to a score model) keeps its fresh initialisation, as with paddlenlp;
     any other missing parameter is an error naming it."""
-    config, model_kwargs = model_class_config(folder, options)
-    model_class = class_for_config(config)
-    # paddlenlp's random initialisation (most of the load time) is skipped: the folder overwrites it.
-    with no_init_weights():
-        model = model_class._from_config(config, dtype=config.dtype, **model_kwargs)
+    model = build_model(folder, class_for_config, options)
+    index = tensor_index(folder, weight_files(folder), model, hf_layout=True)
+    initialize_fresh_parts(model, index)
     targets = model.state_dict()
-    loaded, unused = set(), []
-    for path in weight_files(folder):
+    for path, entries in by_file(index):
         with safe_open(path, framework="paddle") as f:
-            for key in f.keys():
-                name = paddle_name(key, model.base_model_prefix)
-                if config.tie_word_embeddings and name == "lm_head.weight":
-                    continue  # some tools save a tied head anyway; the model's is the embedding, loaded as such
-                if name not in targets:
-                    unused += [] if key.endswith(IGNORED_SUFFIXES) else [key]
-                    continue
-                assign(targets[name], f.get_tensor(key), name, key, path)
-                loaded.add(targets[name].name)
-    missing = [name for name, tensor in targets.items() if tensor.name not in loaded]
-    if any(name.startswith(f"{SCORE_HEAD}.") for name in missing):
-        model._init_weights(model.score_head)  # paddlenlp's initialisation, which no_init_weights skipped
-    missing = [name for name in missing if not name.startswith(fresh_parts(model))]
+            for name, key in entries:
+                assign(targets[name], f.get_tensor(key), name, key, path, hf_layout=True)
+    logger.info(f"loaded {type(model).__name__} from the Hugging Face-layout folder {folder}")
+    return model
+
+
+def build_model(folder, class_for_config, options):
+    """The model class `class_for_config(config)` built from `folder`'s config.json with `options`, without
+    paddlenlp's random initialisation (most of the load time): the folder's tensors overwrite it."""
+    config, model_kwargs = model_class_config(folder, options)
+    with no_init_weights():
+        return class_for_config(config)._from_config(config, dtype=config.dtype, **model_kwargs)
+
+
+def tensor_index(folder, paths, model, hf_layout):
+    """{name in `model.state_dict()`: (file, key)} of the safetensors `paths` of `folder` (`hf_layout`: named
+    as transformers names them, else as paddlenlp does). A parameter the files lack is an error naming it,
+    but for a score model's fresh head; tensors with no place in the model are logged, not loaded."""
+    targets = model.state_dict()
+    index, unused = {}, []
+    for path in paths:
+        with safe_open(path, framework="np") as f:
+            keys = list(f.keys())
+        for key in keys:
+            name = paddle_name(key, model.base_model_prefix) if hf_layout else key
+            if model.config.tie_word_embeddings and name == "lm_head.weight":
+                continue  # some tools save a tied head anyway; the model's is the embedding, loaded as such
+            if name in targets:
+                index[name] = (path, key)
+            elif not key.endswith(IGNORED_SUFFIXES):
+                unused.append(key)
+    missing = [name for name in unloaded(targets, index) if not name.startswith(fresh_parts(model))]
     if missing:
         raise ValueError(f"{folder} has no tensor for {missing[:8]}{' ...' if len(missing) > 8 else ''} ({len(missing)} missing)")
     if unused:
-        logger.warning(f"{len(unused)} tensors of {folder} have no place in {model_class.__name__} and are not loaded: {unused[:8]}")
-    logger.info(f"loaded {model_class.__name__} from the Hugging Face-layout folder {folder}")
-    return model
+        logger.warning(f"{len(unused)} tensors of {folder} have no place in {type(model).__name__} and are not loaded: {unused[:8]}")
+    return index
+
+
+def unloaded(targets, index):
+    """Names of `targets` (a state dict) whose tensor no `index` entry fills (a tied LM head is its embedding)."""
+    loaded = {targets[name].name for name in index}
+    return [name for name, tensor in targets.items() if tensor.name not in loaded]
+
+
+def initialize_fresh_parts(model, index):
+    """Give the parameters `index` does not fill (a score model's head and normalizer) paddlenlp's
+    initialisation, which no_init_weights skipped; parameters of a model built lazily are created first."""
+    targets = model.state_dict()
+    fresh = unloaded(targets, index)
+    for name in fresh:
+        if not targets[name]._is_initialized():
+            targets[name].initialize()
+    if any(name.startswith(f"{SCORE_HEAD}.") for name in fresh):
+        model._init_weights(model.score_head)
+
+
+def by_file(index):
+    """`index`'s (name, key) pairs grouped by file, in file order."""
+    files = {}
+    for name, (path, key) in index.items():
+        files.setdefault(path, []).append((name, key))
+    return sorted(files.items())
 
 
 def fresh_parts(model):
@@ -144,8 +190,8 @@ def fresh_parts(model):
     return (f"{SCORE_HEAD}.", "normalizer.") if hasattr(model, SCORE_HEAD) else ()
 
 
-def assign(parameter, tensor, name, key, path):
-    if is_transposed(name, tensor):
+def assign(parameter, tensor, name, key, path, hf_layout):
+    if hf_layout and is_transposed(name, tensor.shape):
         tensor = tensor.T
     if list(tensor.shape) != list(parameter.shape):
         raise ValueError(f"{key} of {path} has shape {list(tensor.shape)}; {name} needs {list(parameter.shape)}")
@@ -158,7 +204,7 @@ def hf_tensors(state, prefix, tied_embeddings):
     for name, tensor in state.items():
         if tied_embeddings and name == "lm_head.weight":
             continue
-        tensors[hf_name(name, prefix)] = (tensor.T if is_transposed(name, tensor) else tensor).contiguous()
+        tensors[hf_name(name, prefix)] = (tensor.T if is_transposed(name, tensor.shape) else tensor).contiguous()
     return tensors
 
 

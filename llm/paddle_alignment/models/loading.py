@@ -2,7 +2,8 @@
 run_ppo, the predictor): paddlenlp's `from_pretrained` for Paddle-layout folders and hf_layout.py for
 Hugging Face-layout ones (told apart by their files, no flag), float32 weights unless O2 mixed precision
 asks for half precision, the split
-over the tensor-parallel group (models/tensor_parallel.py), and on CPU the fused kernels of csrc in the
+over the tensor-parallel group (models/tensor_parallel.py; from safetensors each rank reads only its part,
+models/split_loading.py), and on CPU the fused kernels of csrc in the
 layers (models/fused_kernels.py; results equal to 1e-5, about twice as fast)."""
 
 import json
@@ -14,8 +15,9 @@ from paddlenlp.transformers.tokenizer_utils_fast import PretrainedTokenizerFast
 from paddlenlp.utils.log import logger
 
 from paddle_alignment.models.fused_kernels import use_fused_kernels
-from paddle_alignment.models.hf_layout import load_hf_folder, weight_files
+from paddle_alignment.models.hf_layout import load_hf_folder, safetensors_files, weight_files
 from paddle_alignment.models.score_model import AutoModelForScore
+from paddle_alignment.models.split_loading import load_split
 from paddle_alignment.models.tensor_parallel import shard_model
 
 
@@ -46,21 +48,36 @@ def tensor_parallel_degree(training_args):
 
 def load_causal_lm(path, training_args, recompute_granularity=None):
     """The causal LM at `path`, split over the tensor-parallel group."""
-    model = pretrained_causal_lm(path, **load_options(training_args, recompute_granularity))
-    return with_cpu_kernels(shard_model(model, tensor_parallel_degree(training_args)), training_args)
+    options = load_options(training_args, recompute_granularity)
+    model = split_from_folder(path, AutoModelForCausalLM, causal_lm_class, options, tensor_parallel_degree(training_args))
+    return with_cpu_kernels(model, training_args)
 
 
 def load_score_model(path, training_args, recompute_granularity=None, **score_options):
     """The score model (backbone + score head) at `path` with `score_options`, split over the
     tensor-parallel group; a causal LM's path gives its backbone and a fresh head."""
     options = {**score_options, **load_options(training_args, recompute_granularity)}
-    model = from_folder(path, AutoModelForScore, AutoModelForScore.class_for, options)
-    return with_cpu_kernels(shard_model(model, tensor_parallel_degree(training_args)), training_args)
+    model = split_from_folder(path, AutoModelForScore, AutoModelForScore.class_for, options, tensor_parallel_degree(training_args))
+    return with_cpu_kernels(model, training_args)
 
 
 def pretrained_causal_lm(path, **options):
     """The causal LM at `path` in either layout, with from_pretrained's `options` (dtype, config attributes)."""
     return from_folder(path, AutoModelForCausalLM, causal_lm_class, options)
+
+
+def split_from_folder(path, auto_class, class_for_config, options, degree):
+    """from_folder's model split over `degree` tensor-parallel ranks: from safetensors each rank reads only its
+    part (split_loading.py); Paddle's pickles (model_state.pdparams) load whole on every rank first."""
+    found = safetensors_files(path) if degree > 1 else None
+    if found:
+        return load_split(path, class_for_config, options, degree, *found)
+    if degree > 1:
+        logger.info(
+            f"{path} holds no safetensors: every rank loads the whole model, then keeps its part "
+            "(from safetensors, in Hugging Face's or paddlenlp's layout, each rank reads only its part)"
+        )
+    return shard_model(from_folder(path, auto_class, class_for_config, options), degree)
 
 
 def from_folder(path, auto_class, class_for_config, options):

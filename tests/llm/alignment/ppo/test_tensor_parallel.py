@@ -4,6 +4,7 @@ process; TP2 rollouts of the fast decode loop equal TP1 token for token, with th
 rank (the tiny model's tied 259-token head) and split over the ranks (an untied copy padded to 260); a TP2
 run saves whole models and per-rank optimizer slices, and resumes from them exactly."""
 
+import json
 import os
 import shutil
 
@@ -11,6 +12,8 @@ import numpy as np
 import paddle
 import pytest
 from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
+
+from paddle_alignment.models.hf_layout import safetensors_files, save_hf_weights, weight_files
 
 from helpers import REPO_ROOT, launch_two_processes, run_probe, small_run_argv
 from test_parallel import assert_resumed_run_ends_as_uninterrupted, first_step, optimizer_arrays, step_metrics
@@ -133,3 +136,36 @@ def test_tensor_parallel_run_restarted_after_a_crash_ends_exactly_as_the_uninter
     shutil.copytree(output_dir / "checkpoint-2", crashed / "checkpoint-2")
     logs = launch_two_processes(TINY_CONFIG, tensor_parallel_argv(tiny_world, crashed), tmp_path / "log")
     assert_resumed_run_ends_as_uninterrupted(logs[0], crashed, output_dir, straight_metrics, "tp")
+
+
+def safetensors_copies(source, tmp_path):
+    """{label: folder} of `source`'s model written as safetensors: Hugging Face's layout in float32 (in shards,
+    with an index) and in bfloat16, and paddlenlp's own layout."""
+    model = AutoModelForCausalLM.from_pretrained(source)
+    folders = {label: str(tmp_path / label) for label in ("hf_shards", "hf_bfloat16", "paddlenlp")}
+    save_hf_weights(model, folders["hf_shards"], shard_bytes=200_000)
+    save_hf_weights(model, folders["hf_bfloat16"], state={k: v.astype("bfloat16") for k, v in model.state_dict().items()})
+    model.save_pretrained(folders["paddlenlp"], safe_serialization=True)
+    assert len(weight_files(folders["hf_shards"])) > 1 and safetensors_files(folders["paddlenlp"])[1] is False
+    return folders
+
+
+def test_each_rank_reads_only_its_part_of_a_safetensors_checkpoint(tiny_world, tmp_path):
+    """At TP2 the actor and critic built lazily from safetensors, each rank reading its slices
+    (models/split_loading.py), hold exactly what loading the whole folder and splitting it gives, in both
+    folder layouts and from bfloat16 files; the split covers the vocabulary (an untied, padded copy), and
+    the critic's fresh score head is the same on both ranks."""
+    untied = untied_copy_with_padded_vocabulary(tiny_world["model"], str(tmp_path / "untied"), 2)
+    folders = safetensors_copies(untied, tmp_path)
+    (tmp_path / "folders.json").write_text(json.dumps(folders))
+    output = tmp_path / "loaded.json"
+    argv = small_run_argv(tiny_world, str(tmp_path / "out"), use_rm_server="false", use_rule_reward="true", tensor_parallel_degree=2)
+    logs = launch_two_processes(str(output), [str(tmp_path / "folders.json"), TINY_CONFIG, *argv], tmp_path / "log",
+                                script=os.path.join(PROBES, "split_loading.py"))
+    ranks = [json.loads(output.with_name(f"{output.name}.rank{rank}").read_text()) for rank in (0, 1)]
+    for label in folders:
+        for rank in ranks:
+            assert rank[label]["names"] and rank[label]["max_difference"] == 0, label
+            assert {"lm_head.weight", "qwen2.embed_tokens.weight", "qwen2.layers.0.mlp.down_proj.weight"} <= set(rank[label]["split_parameters"])
+        assert ranks[0][label]["score_head"] == ranks[1][label]["score_head"], label
+    assert logs[0].count("this rank read only its part") == 2 * len(folders)  # actor and critic of each folder

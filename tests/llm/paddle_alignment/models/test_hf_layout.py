@@ -11,7 +11,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from helpers import transformers_python
-from paddle_alignment.models.hf_layout import SAFE_INDEX, hf_config, load_hf_folder, save_hf_weights, weight_files
+from paddle_alignment.models.hf_layout import SAFE_INDEX, hf_config, load_hf_folder, safetensors_files, save_hf_weights, weight_files
 from paddle_alignment.models.loading import load_score_model, pretrained_causal_lm
 from paddle_alignment.models.score_model import AutoModelForScore
 
@@ -90,6 +90,10 @@ def test_paddle_layout_folders_are_left_to_paddlenlp(tmp_path):
     for folder in ("pdparams", "np_safetensors"):
         assert weight_files(str(tmp_path / folder)) is None
         np.testing.assert_array_equal(logits(pretrained_causal_lm(str(tmp_path / folder))), logits(model))
+    # Tensor-parallel ranks read slices of either layout's safetensors (split_loading.py); pickles have none.
+    assert safetensors_files(str(tmp_path / "pdparams")) is None
+    assert safetensors_files(str(tmp_path / "np_safetensors")) == ([str(tmp_path / "np_safetensors" / "model.safetensors")], False)
+    assert safetensors_files(hf_folder(model, tmp_path / "hf")) == ([str(tmp_path / "hf" / "model.safetensors")], True)
 
 
 def test_a_folder_of_safetensors_without_metadata_is_told_by_its_names(tmp_path):

@@ -1,0 +1,73 @@
+"""Each tensor-parallel rank reads only its part of a safetensors checkpoint.
+
+The model is built under Paddle's LazyGuard (no parameter allocated) and split by the tensor-parallel plan
+(tensor_parallel.py); each parameter is then created holding only this rank's slice, read from the files
+through safetensors' slices. A rank so holds its part of the weights and one slice in flight, never the
+whole model (benchmarks/bench_tp_loading.py). Both layouts of safetensors folders load this way: Hugging
+Face's (hf_layout.py: renamed, matrices transposed) and paddlenlp's own. Parameters the plan leaves whole
+(norms; the embedding and LM head when the vocabulary is not split) are read whole on every rank.
+"""
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+from paddle.distributed.auto_parallel.api import dtensor_from_local
+from paddlenlp.utils.log import logger
+from safetensors import safe_open
+
+from paddle_alignment.models.hf_layout import build_model, by_file, initialize_fresh_parts, is_transposed, tensor_index
+from paddle_alignment.models.tensor_parallel import shard_model
+
+
+def load_split(folder, class_for_config, options, degree, paths, hf_layout):
+    """The model of `folder` (its safetensors `paths`; `hf_layout`: in Hugging Face's layout) built by
+    `class_for_config(config)` with from_pretrained's `options`, split over `degree` tensor-parallel ranks."""
+    with paddle.LazyGuard():
+        model = build_model(folder, class_for_config, options)
+    index = tensor_index(folder, paths, model, hf_layout)
+    initialize_fresh_parts(model, index)
+    model = shard_model(model, degree)
+    targets = model.state_dict()
+    for path, entries in by_file(index):
+        with safe_open(path, framework="paddle") as f:
+            for name, key in entries:
+                fill_part(targets[name], f.get_slice(key), name, f"{key} of {path}", hf_layout)
+    logger.info(f"{type(model).__name__} loaded from {folder}: this rank read only its part of the split tensors")
+    return model
+
+
+def fill_part(target, file_slice, name, where, hf_layout):
+    """Create `target` (a parameter of a lazily built model, split or whole) from this rank's part of
+    `file_slice` (safetensors' lazy view of the tensor `where` names)."""
+    shape = list(file_slice.get_shape())
+    transposed = hf_layout and is_transposed(name, shape)
+    if (shape[::-1] if transposed else shape) != list(target.shape):
+        raise ValueError(f"{where} has shape {shape}; {name} needs {list(target.shape)}")
+    bounds = local_bounds(target)
+    part = file_slice[tuple(bounds[::-1] if transposed else bounds)]
+    # safetensors reads onto the host: the slice moves to the model's device, then takes its dtype there.
+    part = (part.T if transposed else part).to(paddle.device.get_device()).astype(target.dtype).contiguous()
+    if not target.is_dist():
+        target.set_value(part)
+        return
+    dtensor_from_local(part, target.process_mesh, target.placements)._share_underline_tensor_to(target)
+
+
+def local_bounds(tensor):
+    """The slices of `tensor`'s whole value that this rank holds: along each dimension a mesh axis shards,
+    this rank's even share, axis by axis (Paddle's placements)."""
+    bounds = [slice(0, size) for size in tensor.shape]
+    if not tensor.is_dist():
+        return bounds
+    mesh = tensor.process_mesh
+    coordinates = np.unravel_index(mesh.process_ids.index(dist.get_rank()), mesh.shape)
+    for axis, placement in enumerate(tensor.placements):
+        if not placement.is_shard():
+            continue
+        dim, parts = placement.get_dim(), mesh.shape[axis]
+        start, stop = bounds[dim].start, bounds[dim].stop
+        if (stop - start) % parts:
+            raise ValueError(f"a dimension of {stop - start} does not split evenly over {parts} ranks")
+        size = (stop - start) // parts
+        bounds[dim] = slice(start + coordinates[axis] * size, start + (coordinates[axis] + 1) * size)
+    return bounds

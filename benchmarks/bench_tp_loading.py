@@ -5,7 +5,7 @@ it (what a Paddle-pickle folder still does).
     python benchmarks/bench_tp_loading.py [--name qwen2.5-7b] [--num_layers 1] [--degrees 1 2 4] [--whole_degrees 2]
 
 The Hugging Face-layout folder is built first under --work_dir by llm/tools/build_real_model.py (random
-weights, bfloat16, as the hub ships them) unless it is there. Each load runs in fresh processes
+weights, bfloat16, as the hub ships them) unless it is there, or --model names a safetensors folder. Each load runs in fresh processes
 (`paddle.distributed.launch --nproc_per_node <degree>`), in float32 as the trainer loads; the whole-then-split
 way only at --whole_degrees (every rank holds the whole model: at TP4 four copies would not fit 24 GiB). Prints,
 per degree and way, the largest rank's resident memory added by the load (peak RSS after it less RSS before
@@ -90,6 +90,7 @@ def launch_once(folder, degree, way, log_dir):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="a safetensors model folder (default: build --name)")
     parser.add_argument("--name", default="qwen2.5-7b")
     parser.add_argument("--num_layers", type=int, default=1)
     parser.add_argument("--degrees", type=int, nargs="+", default=[1, 2, 4])
@@ -104,9 +105,10 @@ def main():
         return
     from llm.tools.build_real_model import build_real_model
 
-    folder = os.path.join(args.work_dir, f"{args.name}-{args.num_layers or 'all'}layers-hf")
+    folder = args.model or os.path.join(args.work_dir, f"{args.name}-{args.num_layers or 'all'}layers-hf")
     if not os.path.isdir(folder):
         build_real_model(args.name, folder, args.num_layers)
+    os.makedirs(args.work_dir, exist_ok=True)
     print(f"model: {folder} (float32 in memory; per rank, the largest of the ranks)")
     split_peaks = []
     for degree in args.degrees:

@@ -5,8 +5,10 @@ import subprocess
 import sys
 
 import pytest
+from paddlenlp.transformers import AutoModelForCausalLM
 
 from helpers import REPO_ROOT
+from paddle_alignment.models.hf_layout import save_hf_weights
 
 
 def run_script(*argv):
@@ -47,6 +49,14 @@ def test_bench_optimizer_prints_its_figure():
 def test_bench_loading_prints_its_figure(tmp_path):
     last = run_script("benchmarks/bench_loading.py", "--num_layers", "1", "--rounds", "1", "--work_dir", str(tmp_path))
     assert last.startswith("speedup=") and float(last.split("=")[1]) > 0
+
+
+def test_bench_tp_loading_prints_its_figures(tiny_world, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
+    save_hf_weights(model, str(tmp_path / "hf"))
+    last = run_script("benchmarks/bench_tp_loading.py", "--model", str(tmp_path / "hf"), "--degrees", "1", "2",
+                      "--whole_degrees", "--work_dir", str(tmp_path / "work"))
+    assert last.startswith("split_peak_gb=") and len(last.split("=")[1].split(",")) == 2
 
 
 def test_bench_rewards_prints_its_figures():

@@ -97,7 +97,9 @@ def save_model(model, folder, tokenizer, merge_lora=False, hf_layout=False):
     if hf_layout:
         save_hf_folder(model, folder, tokenizer, state)
         return
-    model.save_pretrained(folder, state_dict=state)
+    # safetensors (paddlenlp's layout), so that tensor-parallel ranks loading it read only their slices
+    # (models/split_loading.py); a LoRA model's adapters stay paddlenlp's lora_model_state.pdparams.
+    model.save_pretrained(folder, state_dict=state, safe_serialization=True)
     tokenizer.save_pretrained(folder)
 
 

@@ -328,7 +328,7 @@ def test_two_process_data_parallel_run_under_launch(tiny_world, tmp_path):
     argv = overrides(tiny_world, str(tmp_path / "out"), per_device_prompt_batch_size=2, max_steps=2, max_eval_samples=15)
     logs = launch_two_processes(TINY_CONFIG, argv, tmp_path / "launch_log")
     out = tmp_path / "out"
-    assert (out / "policy" / "model_state.pdparams").is_file()
+    assert (out / "policy" / "model.safetensors").is_file()
     # Rank 0 writes; every rank's RNG state is kept for an exact resume.
     assert (out / "checkpoint-2" / "rng_state_2.pth").is_file()
     assert len(paddle.load(str(out / "checkpoint-2" / "rng_state_2.pth"), return_numpy=True)) == 2

@@ -129,13 +129,16 @@ def test_tensor_parallel_run_uses_the_fast_decode_loop_and_saves_whole_models(ti
 
 
 def test_tensor_parallel_run_restarted_after_a_crash_ends_exactly_as_the_uninterrupted_run(tiny_world, tensor_parallel_run, tmp_path):
-    """Only the uninterrupted run's checkpoint-2 left, as after a crash: the same command resumes from it and
-    ends on the same metrics, weights and optimizer slices, bit for bit."""
+    """Only the uninterrupted run's checkpoint-2 left, as after a crash: the same command resumes from it (each
+    rank reading its slices of the checkpoint's policy) and ends on the same metrics, weights and optimizer
+    slices, bit for bit."""
     output_dir, straight_metrics, _ = tensor_parallel_run
     crashed = tmp_path / "out"
     shutil.copytree(output_dir / "checkpoint-2", crashed / "checkpoint-2")
     logs = launch_two_processes(TINY_CONFIG, tensor_parallel_argv(tiny_world, crashed), tmp_path / "log")
     assert_resumed_run_ends_as_uninterrupted(logs[0], crashed, output_dir, straight_metrics, "tp")
+    # The checkpoint's policy is safetensors: each rank read only its part of it (split_loading.py).
+    assert f"loaded from {crashed / 'checkpoint-2' / 'policy'}: this rank read only its part" in logs[0]
 
 
 def safetensors_copies(source, tmp_path):
@@ -153,10 +156,12 @@ def safetensors_copies(source, tmp_path):
 def test_each_rank_reads_only_its_part_of_a_safetensors_checkpoint(tiny_world, tmp_path):
     """At TP2 the actor and critic built lazily from safetensors, each rank reading its slices
     (models/split_loading.py), hold exactly what loading the whole folder and splitting it gives, in both
-    folder layouts and from bfloat16 files; the split covers the vocabulary (an untied, padded copy), and
-    the critic's fresh score head is the same on both ranks."""
+    folder layouts and from bfloat16 files, with the vocabulary split (an untied, padded copy) and whole (the
+    tiny model's tied head); the critic's fresh score head is the same on both ranks."""
     untied = untied_copy_with_padded_vocabulary(tiny_world["model"], str(tmp_path / "untied"), 2)
     folders = safetensors_copies(untied, tmp_path)
+    folders["hf_tied"] = str(tmp_path / "hf_tied")
+    save_hf_weights(AutoModelForCausalLM.from_pretrained(tiny_world["model"]), folders["hf_tied"])
     (tmp_path / "folders.json").write_text(json.dumps(folders))
     output = tmp_path / "loaded.json"
     argv = small_run_argv(tiny_world, str(tmp_path / "out"), use_rm_server="false", use_rule_reward="true", tensor_parallel_degree=2)
@@ -166,6 +171,8 @@ def test_each_rank_reads_only_its_part_of_a_safetensors_checkpoint(tiny_world, t
     for label in folders:
         for rank in ranks:
             assert rank[label]["names"] and rank[label]["max_difference"] == 0, label
-            assert {"lm_head.weight", "qwen2.embed_tokens.weight", "qwen2.layers.0.mlp.down_proj.weight"} <= set(rank[label]["split_parameters"])
+            assert rank[label]["logits_difference"] == 0, label
+            split = {"qwen2.layers.0.mlp.down_proj.weight"} | ({"lm_head.weight", "qwen2.embed_tokens.weight"} if label != "hf_tied" else set())
+            assert split <= set(rank[label]["split_parameters"]), label
         assert ranks[0][label]["score_head"] == ranks[1][label]["score_head"], label
     assert logs[0].count("this rank read only its part") == 2 * len(folders)  # actor and critic of each folder

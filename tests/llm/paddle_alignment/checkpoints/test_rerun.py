@@ -65,7 +65,7 @@ def test_rerunning_a_finished_run_changes_nothing(tiny_world, tmp_path, log_text
     output_dir = tmp_path / "run"
     run_grpo(tiny_world, output_dir, **finished)
     before = snapshot(output_dir)
-    assert "eval_results.json" in before and "policy/model_state.pdparams" in before
+    assert "eval_results.json" in before and "policy/model.safetensors" in before
 
     run_grpo(tiny_world, output_dir, **finished)
     assert "already finished at step 2" in log_text()

@@ -45,6 +45,12 @@ def data_parallel_rank_and_size():
     return (dist.get_rank(), dist.get_world_size()) if is_distributed() else (0, 1)
 
 
+def tensor_parallel_group():
+    """fleet's model-parallel group when it spans more than one rank, else None."""
+    hcg = hybrid_communicate_group()
+    return hcg.get_model_parallel_group() if hcg is not None and hcg.get_model_parallel_world_size() > 1 else None
+
+
 def rank_shard(size):
     """Indices of this data rank's share of `size` items, every item on exactly one data rank (no padding
     repeats, so sums over ranks are exact)."""

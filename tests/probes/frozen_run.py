@@ -36,10 +36,10 @@ def freeze_checkpoint_write(step):
 def freeze_weight_publication(version):
     publish = weights.publish
 
-    def stalling(model, folder, published, *args, **kwargs):
+    def stalling(state, folder, published, *args, **kwargs):
         if published == version:
             threading.Event().wait()
-        return publish(model, folder, published, *args, **kwargs)
+        return publish(state, folder, published, *args, **kwargs)
 
     weights.publish = stalling
 

@@ -647,12 +647,11 @@ class DecoupledRolloutArguments:
             raise ValueError(f"rollout_sync_tolerance must be >= 0, got {self.rollout_sync_tolerance}")
         if self.rollout_mode != "decoupled":
             return
-        for key in ("tensor_parallel_degree", "pipeline_parallel_degree"):
-            if getattr(self, key) > 1:
-                raise ValueError(
-                    f"rollout_mode=decoupled samples with a whole policy on each rollout device: {key}={getattr(self, key)} "
-                    "is not supported with it (use data parallel or sharding stage1 for the trainer)"
-                )
+        if self.pipeline_parallel_degree > 1:
+            raise ValueError(
+                f"rollout_mode=decoupled: pipeline_parallel_degree={self.pipeline_parallel_degree} is not supported "
+                "with it (split the trainer with tensor_parallel_degree, data parallel or sharding stage1)"
+            )
         if not self.rollout_devices:
             if runs_on_accelerator(self):
                 raise ValueError(

@@ -35,7 +35,9 @@ from paddlenlp.utils.log import logger
 
 import paddle_alignment
 from paddle_alignment.checkpoints.folders import barrier
+from paddle_alignment.config.paddlenlp_keys import ALIASES, split_options
 from paddle_alignment.cpu_runtime import openmp_workers_sleep_when_idle
+from paddle_alignment.distributed import collective, data_parallel_rank_and_size, tensor_parallel_group
 from paddle_alignment.rollout import weights
 from paddle_alignment.rollout.engines import Rollout, RolloutBatch
 from paddle_alignment.watchdog import Deadline
@@ -101,6 +103,16 @@ def sampler_environment(device):
     return env
 
 
+def whole_model_argv(trainer_argv):
+    """The trainer's arguments for a sampler, one process holding whole models: tensor_parallel_degree 1
+    (the trainer's published weights are whole), in place of any the command line set under any name."""
+    names = {"tensor_parallel_degree"} | {alias for alias, key in ALIASES.items() if key == "tensor_parallel_degree"}
+    config, options = trainer_argv[0], split_options(trainer_argv[1:])
+    kept = [token for key, values in options if key not in names for token in (f"--{key}", *values)]
+    return [config, *kept, "--tensor_parallel_degree", "1"]
+
+
+
 class DecoupledRollout(Rollout):
     """Requests go to a sampler process as soon as they are made; `take` waits for the oldest's batch."""
 
@@ -114,27 +126,30 @@ class DecoupledRollout(Rollout):
         self.in_flight = deque()  # the policy version each request in flight names, oldest first
         self.deadline = Deadline(args.rollout_timeout, "rollout_timeout")
         self.version = None
+        self.group = None  # the tensor-parallel group, whose first rank talks to the sampler for all
 
     # ---- life cycle ---------------------------------------------------------------------------------
 
     def start(self, worker, version):
-        """Rank 0 publishes `version` of the worker's policy and starts the samplers; every rank connects to its
-        sampler."""
+        """`version` of the worker's policy is published and rank 0 starts the samplers; every rank connects to
+        its data rank's sampler."""
         self.version = version
+        self.group = tensor_parallel_group()
         if dist.get_rank() == 0:
-            self.start_samplers(worker, version)
+            os.makedirs(self.folder, exist_ok=True)
+            self.remove_run_files()
         barrier()  # rank 0 removed an earlier run's files: the ready files read below are this run's
-        self.sampler = self.wait_ready(dist.get_rank() % len(self.args.sampler_devices))
+        worker.publish_weights(self.folder, version, keep=0)
+        if dist.get_rank() == 0:
+            self.start_samplers()
+        self.sampler = self.wait_ready(data_parallel_rank_and_size()[0] % len(self.args.sampler_devices))
         share_cores_with_samplers(self.args.sampler_devices.count("cpu"))
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.connect(self.sampler["endpoint"])
 
-    def start_samplers(self, worker, version):
-        os.makedirs(self.folder, exist_ok=True)
-        self.remove_run_files()
-        worker.publish_weights(self.folder, version, keep=0)
+    def start_samplers(self):
         self.socket_dir = tempfile.mkdtemp(prefix="paddle-alignment-rollout-")
         atexit.register(self.close)
         for index, device in enumerate(self.args.sampler_devices):
@@ -142,7 +157,7 @@ class DecoupledRollout(Rollout):
                 sys.executable, "-m", SAMPLER_MODULE, "--index", str(index), "--rollout_dir", self.folder,
                 "--endpoint", f"ipc://{self.socket_dir}/sampler-{index}", "--trainer_pid", str(os.getpid()),
                 *(["--idle_priority"] if device == "cpu" else []),
-                "--", *self.argv,
+                "--", *whole_model_argv(self.argv),
             ]
             with open(log_file(self.folder, index), "w") as log:
                 self.processes.append(
@@ -190,10 +205,16 @@ class DecoupledRollout(Rollout):
 
     # ---- requests -----------------------------------------------------------------------------------
 
+    def leads(self):
+        """Whether this rank talks to the sampler: the first of its tensor-parallel group, which shares the
+        batch with the others (they hold the same data), or every rank without tensor parallel."""
+        return self.group is None or dist.get_rank() == self.group.ranks[0]
+
     def request(self, items, seed, version):
         # The sampler waits for that version's weights at most as long as the trainer waits for its batch.
         request = {"items": items, "seed": seed, "version": version, "timeout": self.deadline.seconds()}
-        self.socket.send(pickle.dumps(request, protocol=5))
+        if self.leads():
+            self.socket.send(pickle.dumps(request, protocol=5))
         self.in_flight.append(version)
 
     def requested(self):
@@ -208,6 +229,18 @@ class DecoupledRollout(Rollout):
         return super().drain()
 
     def receive(self):
+        """The oldest in-flight request's batch, from the sampler or, within a tensor-parallel group, from the
+        rank that leads it."""
+        if self.group is None:
+            return self.receive_from_sampler()
+        shared = [self.receive_from_sampler() if self.leads() else None]
+        with collective("the rollout batch shared over the tensor-parallel group"):
+            dist.broadcast_object_list(shared, src=self.group.ranks[0], group=self.group)
+        if not self.leads():
+            self.in_flight.popleft()
+        return shared[0]
+
+    def receive_from_sampler(self):
         """The oldest in-flight request's batch; stops with the sampler's message when it fails or exits."""
         deadline = time.monotonic() + self.deadline.seconds()
         while not self.socket.poll(POLL_MS):
@@ -233,7 +266,6 @@ class DecoupledRollout(Rollout):
 
     def policy_updated(self, worker, version):
         self.version = version
-        if dist.get_rank() == 0:
-            # A request names a version at most max_staleness steps old when sent, and other ranks may send
-            # theirs a step later: older files are never read again.
-            worker.publish_weights(self.folder, version, keep=self.lookahead + 2)
+        # A request names a version at most max_staleness steps old when sent, and other ranks may send
+        # theirs a step later: older files are never read again.
+        worker.publish_weights(self.folder, version, keep=self.lookahead + 2)

@@ -78,11 +78,12 @@ def published_versions(folder):
     return sorted(int(match.group(1)) for match in map(WEIGHTS_FILE.match, os.listdir(folder)) if match)
 
 
-def publish(model, folder, version, keep, check=None):
-    """Write version `version` of `model`'s trained weights (called by the rank that publishes), with the
-    arrays of `check` (sync_check.record) beside them: into an expired file (older than `version - keep`)
-    when one has their layout, else a new one; then remove the other expired versions."""
-    arrays = {name: host_array(value) for name, value in trained_state(model).items()}
+def publish(state, folder, version, keep, check=None):
+    """Write version `version` of the policy's trained weights `state` (trained_state; whole tensors), with
+    the arrays of `check` (sync_check.record) beside them, from the rank that publishes: into an expired
+    file (older than `version - keep`) when one has their layout, else a new one; then remove the other
+    expired versions."""
+    arrays = {name: host_array(value) for name, value in state.items()}
     arrays |= {CHECK_PREFIX + name: value for name, value in (check or {}).items()}
     metadata = {"version": version_field(version), "layout": layout_of(arrays)}
     expired = [old for old in published_versions(folder) if old < version - keep]

@@ -12,6 +12,7 @@ import contextlib
 import time
 
 import paddle
+import paddle.distributed as dist
 from paddlenlp.utils.log import logger
 
 from paddle_alignment import watchdog
@@ -192,7 +193,14 @@ class RolloutWorker:
             sync_check.verify(self, check, published, version, engine, self.args.rollout_sync_tolerance)
 
     def publish_weights(self, folder, version, keep):
-        """Publish the policy as `version` into `folder` (decoupled rollout), with the weight-sync check's arrays."""
+        """Publish the policy as `version` into `folder` (decoupled rollout), with the weight-sync check's arrays.
+        Every rank calls it; rank 0 writes. A tensor-parallel policy's ranks run the probe and gather the
+        whole weights together (collectives); other ranks have nothing to do."""
+        split = is_tensor_parallel(self.policy)
+        if dist.get_rank() != 0 and not split:
+            return
         with watchdog.guarded("weight publication", f"policy version {version} into {folder}"):
             check = sync_check.record(self) if self.args.rollout_sync_check else None
-            weights.publish(self.policy, folder, version, keep, check)
+            state = {name: whole(value) for name, value in weights.trained_state(self.policy).items()}
+            if dist.get_rank() == 0:
+                weights.publish(state, folder, version, keep, check)

@@ -25,7 +25,7 @@ from llm.alignment.ppo import run_ppo
 from paddle_alignment.checkpoints import saving as checkpoint_io
 from paddle_alignment.rollout import ColocatedRollout, sync_check, weights
 from paddle_alignment.rollout.decode import ROLLOUT_OPS
-from paddle_alignment.rollout.decoupled import process_alive
+from paddle_alignment.rollout.decoupled import process_alive, whole_model_argv
 from paddle_alignment.rollout.worker import RolloutWorker
 
 # A checkpoint every 2 steps, no evaluation, a learning rate that does not depend on max_steps.
@@ -141,7 +141,7 @@ def test_published_weights_are_never_seen_partly_written(tmp_path):
     thread = threading.Thread(target=reader)
     thread.start()
     for version, model in enumerate(models):
-        weights.publish(model, str(tmp_path), version, keep=1)
+        weights.publish(weights.trained_state(model), str(tmp_path), version, keep=1)
     stop.set()
     thread.join()
     assert seen and all(seen)
@@ -151,7 +151,7 @@ def test_published_weights_are_never_seen_partly_written(tmp_path):
 def test_an_expired_file_is_reused_in_place_and_a_read_it_overtakes_fails(tmp_path, monkeypatch):
     folder = str(tmp_path)
     for version in range(3):
-        weights.publish(version_model(version), folder, version, keep=1)
+        weights.publish(weights.trained_state(version_model(version)), folder, version, keep=1)
         if version == 0:
             first_file = os.stat(weights.weights_path(folder, 0)).st_ino
     # Version 2 was written into version 0's file (expired: older than 2 - keep), and holds version 2.
@@ -160,7 +160,7 @@ def test_an_expired_file_is_reused_in_place_and_a_read_it_overtakes_fails(tmp_pa
     state = weights.read_version(weights.weights_path(folder, 2), 2)
     assert all((value == 2).all() for value in state.values())
     # Another layout (a bigger model) is never written into an old file.
-    weights.publish(version_model(3, size=8), folder, 3, keep=0)
+    weights.publish(weights.trained_state(version_model(3, size=8)), folder, 3, keep=0)
     assert os.stat(weights.weights_path(folder, 3)).st_ino != first_file
     assert weights.read_version(weights.weights_path(folder, 3), 3)["weight"].shape == (8, 8)
 
@@ -180,7 +180,7 @@ def test_an_expired_file_is_reused_in_place_and_a_read_it_overtakes_fails(tmp_pa
 
         def read(self):
             data = self.f.read()
-            weights.publish(version_model(5, size=8), folder, 5, keep=1)  # the trainer reuses the file meanwhile
+            weights.publish(weights.trained_state(version_model(5, size=8)), folder, 5, keep=1)  # the trainer reuses the file meanwhile
             return data
 
     opened = open
@@ -197,7 +197,7 @@ def test_a_failed_publish_leaves_no_file_under_the_version_name(tmp_path, monkey
 
     monkeypatch.setattr(weights, "save_file", failing_save)
     with pytest.raises(OSError, match="disk full"):
-        weights.publish(version_model(30), str(tmp_path), 30, keep=1)
+        weights.publish(weights.trained_state(version_model(30)), str(tmp_path), 30, keep=1)
     assert not os.path.exists(weights.weights_path(str(tmp_path), 30))
     with pytest.raises(TimeoutError, match="policy version 30 was not published"):
         weights.wait_and_load(version_model(0), str(tmp_path), 30, timeout=0.2, alive=lambda: True)
@@ -207,7 +207,7 @@ def test_bfloat16_weights_travel_exactly(tmp_path):
     published, received = paddle.nn.Linear(8, 4), paddle.nn.Linear(8, 4)
     published.to(dtype="bfloat16")
     received.to(dtype="bfloat16")
-    weights.publish(published, str(tmp_path), 1, keep=0)
+    weights.publish(weights.trained_state(published), str(tmp_path), 1, keep=0)
     weights.wait_and_load(received, str(tmp_path), 1, timeout=1, alive=lambda: True)
     assert received.weight.dtype == paddle.bfloat16
     for name, value in published.state_dict().items():
@@ -215,7 +215,7 @@ def test_bfloat16_weights_travel_exactly(tmp_path):
 
 
 def test_weights_the_sampler_cannot_hold_stop_it_with_their_name(tmp_path):
-    weights.publish(paddle.nn.Linear(8, 4), str(tmp_path), 1, keep=0)
+    weights.publish(weights.trained_state(paddle.nn.Linear(8, 4)), str(tmp_path), 1, keep=0)
     shapes = r"other shapes than the sampler's policy: bias \[4\] \(the sampler's \[3\]\); weight \[8, 4\] \(the sampler's \[8, 3\]\)$"
     with pytest.raises(ValueError, match=shapes):
         weights.wait_and_load(paddle.nn.Linear(8, 3), str(tmp_path), 1, timeout=1, alive=lambda: True)
@@ -331,7 +331,7 @@ def test_with_no_staleness_the_sampler_samples_with_the_policy_being_trained(tin
 def test_a_lora_policy_publishes_only_its_adapters(tiny_world, tmp_path):
     argv = overrides(tiny_world, str(tmp_path), lora=True, lora_rank=4, kl_loss_coeff=0.01, eval_datasets="")
     trainer = run_ppo.build_trainer([TINY_CONFIG, *argv])
-    weights.publish(trainer.model, str(tmp_path), 0, keep=0)
+    weights.publish(weights.trained_state(trainer.model), str(tmp_path), 0, keep=0)
     published = load_file(weights.weights_path(str(tmp_path), 0))
     assert published and all("lora_" in name for name in published)
 
@@ -423,7 +423,7 @@ def test_equal_weights_that_compute_otherwise_are_said_to(tiny_world, tmp_path):
 
 def test_a_version_published_without_the_check_is_refused(tiny_world, tmp_path):
     trainer, sampler = sync_pair(tiny_world, tmp_path)
-    weights.publish(trainer.policy, str(tmp_path), 3, keep=0)  # no check arrays
+    weights.publish(weights.trained_state(trainer.policy), str(tmp_path), 3, keep=0)  # no check arrays
     with pytest.raises(RuntimeError, match="policy version 3 .* was published without the weight-sync check's arrays"):
         sampler.update_weights(str(tmp_path), 3, 1, lambda: True, "rollout sampler 0 (cpu)")
 
@@ -441,3 +441,8 @@ def test_a_frozen_sampler_ends_the_run_within_its_deadline_and_the_rerun_ends_as
     assert abs(deadline - max(60.0, 10 * slowest)) <= 1  # 60 s on a quiet machine: the demo's steps take 0.1 s
     assert re.search(r"\d\d:\d\d:\d\d (sampling|sent|loaded)", run.log)  # the sampler's last events, from its log
     assert deadline <= run.seconds < deadline + 90  # start, two steps, the deadline, then 10 s for the sampler to stop
+
+
+def test_a_sampler_of_a_tensor_parallel_trainer_holds_whole_models():
+    argv = ["config.json", "--tensor_model_parallel_size", "2", "--max_steps", "3", "--tensor_parallel_degree=2"]
+    assert whole_model_argv(argv) == ["config.json", "--max_steps", "3", "--tensor_parallel_degree", "1"]

@@ -4,8 +4,8 @@ A folder as transformers writes it (and as the Hugging Face hub ships Qwen2.5 an
 config.json, `model.safetensors` — or shards listed in `model.safetensors.index.json` — with PyTorch's
 names and layout, and the tokenizer files. paddlenlp's own loader refuses it unless `convert_from_torch`
 is set, and that flag writes a whole converted copy (`model_state.pdparams`) into the user's folder.
-Here the model is built from config.json and each tensor streams from the safetensors into its
-parameter: renamed (`model.` is the backbone's prefix, `qwen2.` or `llama.`; a sequence classifier's
+Here the model is built from config.json and each parameter is created from its tensor in the safetensors
+(models/split_loading.py, which reads only a tensor-parallel rank's slices): renamed (`model.` is the backbone's prefix, `qwen2.` or `llama.`; a sequence classifier's
 `score.` is the score head), transposed where Paddle's Linear stores [in, out] against PyTorch's
 [out, in], and cast to the model's dtype (bfloat16 files included).
 
@@ -17,6 +17,7 @@ the tokenizer files.
 import json
 import os
 
+import paddle
 from paddlenlp.transformers import AutoConfig
 from paddlenlp.transformers.model_utils import no_init_weights
 from paddlenlp.utils.log import logger
@@ -108,29 +109,12 @@ def model_class_config(folder, options):
     return config, model_kwargs
 
 
-def load_hf_folder(folder, class_for_config, **options):
-    """The model of the Hugging Face-layout `folder`: the class `class_for_config(config)` built from its
-    config.json with `options` (what paddlenlp's from_pretrained takes: dtype, config attributes, and the
-    model's own keyword arguments), its parameters filled from the safetensors. A score head the folder
-    lacks (a causal LM's folder given to a score model) keeps its fresh initialisation, as with paddlenlp;
-    any other missing parameter is an error naming it."""
-    model = build_model(folder, class_for_config, options)
-    index = tensor_index(folder, weight_files(folder), model, hf_layout=True)
-    initialize_fresh_parts(model, index)
-    targets = model.state_dict()
-    for path, entries in by_file(index):
-        with safe_open(path, framework="paddle") as f:
-            for name, key in entries:
-                assign(targets[name], f.get_tensor(key), name, key, path, hf_layout=True)
-    logger.info(f"loaded {type(model).__name__} from the Hugging Face-layout folder {folder}")
-    return model
-
-
 def build_model(folder, class_for_config, options):
-    """The model class `class_for_config(config)` built from `folder`'s config.json with `options`, without
-    paddlenlp's random initialisation (most of the load time): the folder's tensors overwrite it."""
+    """The model class `class_for_config(config)` built from `folder`'s config.json with `options`, its
+    parameters not yet created (Paddle's LazyGuard): each is created from the folder's tensor, without the
+    random initialisation that was most of a load's time."""
     config, model_kwargs = model_class_config(folder, options)
-    with no_init_weights():
+    with paddle.LazyGuard(), no_init_weights():
         return class_for_config(config)._from_config(config, dtype=config.dtype, **model_kwargs)
 
 
@@ -166,8 +150,8 @@ def unloaded(targets, index):
 
 
 def initialize_fresh_parts(model, index):
-    """Give the parameters `index` does not fill (a score model's head and normalizer) paddlenlp's
-    initialisation, which no_init_weights skipped; parameters of a model built lazily are created first."""
+    """Create the parameters `index` does not fill (a score model's head and normalizer) of a model built by
+    build_model, and give a score head paddlenlp's initialisation, which no_init_weights skipped."""
     targets = model.state_dict()
     fresh = unloaded(targets, index)
     for name in fresh:
@@ -188,14 +172,6 @@ def by_file(index):
 def fresh_parts(model):
     """Name prefixes of the parameters a folder may lack: a score model's head and normalizer."""
     return (f"{SCORE_HEAD}.", "normalizer.") if hasattr(model, SCORE_HEAD) else ()
-
-
-def assign(parameter, tensor, name, key, path, hf_layout):
-    if hf_layout and is_transposed(name, tensor.shape):
-        tensor = tensor.T
-    if list(tensor.shape) != list(parameter.shape):
-        raise ValueError(f"{key} of {path} has shape {list(tensor.shape)}; {name} needs {list(parameter.shape)}")
-    parameter.set_value(tensor.astype(parameter.dtype).contiguous())
 
 
 def hf_tensors(state, prefix, tied_embeddings):

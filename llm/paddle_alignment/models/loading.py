@@ -15,9 +15,9 @@ from paddlenlp.transformers.tokenizer_utils_fast import PretrainedTokenizerFast
 from paddlenlp.utils.log import logger
 
 from paddle_alignment.models.fused_kernels import use_fused_kernels
-from paddle_alignment.models.hf_layout import load_hf_folder, safetensors_files, weight_files
+from paddle_alignment.models.hf_layout import safetensors_files, weight_files
 from paddle_alignment.models.score_model import AutoModelForScore
-from paddle_alignment.models.split_loading import load_split
+from paddle_alignment.models.split_loading import load_hf_folder, load_split
 from paddle_alignment.models.tensor_parallel import shard_model
 
 

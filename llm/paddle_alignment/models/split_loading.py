@@ -1,11 +1,13 @@
-"""Each tensor-parallel rank reads only its part of a safetensors checkpoint.
+"""Models created from safetensors folders, each parameter from its tensor, and under tensor parallel each
+rank reading only its part.
 
 The model is built under Paddle's LazyGuard (no parameter allocated) and split by the tensor-parallel plan
-(tensor_parallel.py); each parameter is then created holding only this rank's slice, read from the files
-through safetensors' slices. A rank so holds its part of the weights and one slice in flight, never the
-whole model (benchmarks/bench_tp_loading.py). Both layouts of safetensors folders load this way: Hugging
-Face's (hf_layout.py: renamed, matrices transposed) and paddlenlp's own. Parameters the plan leaves whole
-(norms; the embedding and LM head when the vocabulary is not split) are read whole on every rank.
+(tensor_parallel.py; nothing to split at degree 1); each parameter is then created holding only this rank's
+slice, read from the files through safetensors' slices. A rank so holds its part of the weights and one
+slice in flight, never the whole model (benchmarks/bench_tp_loading.py), and no parameter is randomly
+initialised first. Both layouts of safetensors folders load this way: Hugging Face's (hf_layout.py: renamed,
+matrices transposed) and paddlenlp's own. Parameters the plan leaves whole (norms; the embedding and LM
+head when the vocabulary is not split) are read whole on every rank.
 """
 
 import numpy as np
@@ -15,15 +17,23 @@ from paddle.distributed.auto_parallel.api import dtensor_from_local
 from paddlenlp.utils.log import logger
 from safetensors import safe_open
 
-from paddle_alignment.models.hf_layout import build_model, by_file, initialize_fresh_parts, is_transposed, tensor_index
+from paddle_alignment.models.hf_layout import build_model, by_file, initialize_fresh_parts, is_transposed, tensor_index, weight_files
 from paddle_alignment.models.tensor_parallel import shard_model
+
+
+def load_hf_folder(folder, class_for_config, **options):
+    """The model of the Hugging Face-layout `folder`: the class `class_for_config(config)` built from its
+    config.json with `options` (what paddlenlp's from_pretrained takes: dtype, config attributes, and the
+    model's own keyword arguments), its parameters created from the safetensors. A score head the folder
+    lacks (a causal LM's folder given to a score model) gets a fresh initialisation, as with paddlenlp;
+    any other missing parameter is an error naming it."""
+    return load_split(folder, class_for_config, options, 1, weight_files(folder), hf_layout=True)
 
 
 def load_split(folder, class_for_config, options, degree, paths, hf_layout):
     """The model of `folder` (its safetensors `paths`; `hf_layout`: in Hugging Face's layout) built by
     `class_for_config(config)` with from_pretrained's `options`, split over `degree` tensor-parallel ranks."""
-    with paddle.LazyGuard():
-        model = build_model(folder, class_for_config, options)
+    model = build_model(folder, class_for_config, options)
     index = tensor_index(folder, paths, model, hf_layout)
     initialize_fresh_parts(model, index)
     model = shard_model(model, degree)
@@ -32,13 +42,16 @@ def load_split(folder, class_for_config, options, degree, paths, hf_layout):
         with safe_open(path, framework="paddle") as f:
             for name, key in entries:
                 fill_part(targets[name], f.get_slice(key), name, f"{key} of {path}", hf_layout)
-    logger.info(f"{type(model).__name__} loaded from {folder}: this rank read only its part of the split tensors")
+    if degree > 1:
+        logger.info(f"{type(model).__name__} loaded from {folder}: this rank read only its part of the split tensors")
+    else:
+        logger.info(f"loaded {type(model).__name__} from the {'Hugging Face' if hf_layout else 'paddlenlp'}-layout folder {folder}")
     return model
 
 
 def fill_part(target, file_slice, name, where, hf_layout):
     """Create `target` (a parameter of a lazily built model, split or whole) from this rank's part of
-    `file_slice` (safetensors' lazy view of the tensor `where` names)."""
+    `file_slice` (safetensors' lazy view of the tensor `where` names), in the memory read for it."""
     shape = list(file_slice.get_shape())
     transposed = hf_layout and is_transposed(name, shape)
     if (shape[::-1] if transposed else shape) != list(target.shape):
@@ -47,10 +60,9 @@ def fill_part(target, file_slice, name, where, hf_layout):
     part = file_slice[tuple(bounds[::-1] if transposed else bounds)]
     # safetensors reads onto the host: the slice moves to the model's device, then takes its dtype there.
     part = (part.T if transposed else part).to(paddle.device.get_device()).astype(target.dtype).contiguous()
-    if not target.is_dist():
-        target.set_value(part)
-        return
-    dtensor_from_local(part, target.process_mesh, target.placements)._share_underline_tensor_to(target)
+    if target.is_dist():
+        part = dtensor_from_local(part, target.process_mesh, target.placements)
+    part._share_underline_tensor_to(target)
 
 
 def local_bounds(tensor):

@@ -11,7 +11,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from helpers import transformers_python
-from paddle_alignment.models.hf_layout import SAFE_INDEX, hf_config, load_hf_folder, safetensors_files, save_hf_weights, weight_files
+from paddle_alignment.models.hf_layout import SAFE_INDEX, hf_config, safetensors_files, save_hf_weights, weight_files
+from paddle_alignment.models.split_loading import load_hf_folder
 from paddle_alignment.models.loading import load_score_model, pretrained_causal_lm
 from paddle_alignment.models.score_model import AutoModelForScore
 

@@ -112,7 +112,6 @@ def whole_model_argv(trainer_argv):
     return [config, *kept, "--tensor_parallel_degree", "1"]
 
 
-
 class DecoupledRollout(Rollout):
     """Requests go to a sampler process as soon as they are made; `take` waits for the oldest's batch."""
 

@@ -196,7 +196,7 @@ class RolloutWorker:
         """Publish the policy as `version` into `folder` (decoupled rollout), with the weight-sync check's arrays.
         Every rank calls it; rank 0 writes. A tensor-parallel policy's ranks run the probe and gather the
         whole weights together (collectives); other ranks have nothing to do."""
-        split = is_tensor_parallel(self.policy)
+        split = is_distributed() and is_tensor_parallel(self.policy)  # scanning the parameters only when it can be
         if dist.get_rank() != 0 and not split:
             return
         with watchdog.guarded("weight publication", f"policy version {version} into {folder}"):

@@ -38,10 +38,12 @@ def load_on_this_rank(folder, degree, way):
     from paddle.distributed import fleet
     from paddlenlp.transformers import AutoModelForCausalLM
 
+    from paddle_alignment.distributed import rendezvous_each_gloo_group_apart
     from paddle_alignment.models.loading import causal_lm_class, from_folder, split_from_folder
     from paddle_alignment.models.tensor_parallel import local_value, shard_model
 
     if degree > 1:
+        rendezvous_each_gloo_group_apart()
         strategy = fleet.DistributedStrategy()
         strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": degree, "pp_degree": 1}
         fleet.init(is_collective=True, strategy=strategy)
@@ -57,23 +59,9 @@ def load_on_this_rank(folder, degree, way):
     print(f"RANK_LOAD {dist.get_rank()} {peak - before:.3f} {held:.3f} {seconds:.2f}", flush=True)
 
 
-GLOO_REFUSED = "Connection refused"  # gloo's group setup over 4 processes on 2 cores fails so at times
-ATTEMPTS = 3
-
-
 def launch(folder, degree, way, work_dir):
-    """[(added_gb, parameter_gb, seconds)] of each rank of one load at `degree`; a launch whose gloo group
-    setup was refused is tried again (said, never hidden)."""
-    for attempt in range(1, ATTEMPTS + 1):
-        try:
-            return launch_once(folder, degree, way, tempfile.mkdtemp(prefix=f"tp{degree}-{way}-", dir=work_dir))
-        except RuntimeError as error:
-            if GLOO_REFUSED not in str(error) or attempt == ATTEMPTS:
-                raise
-            print(f"TP{degree} {way}: gloo refused a connection while setting up the groups; launching again")
-
-
-def launch_once(folder, degree, way, log_dir):
+    """[(added_gb, parameter_gb, seconds)] of each rank of one load at `degree`."""
+    log_dir = tempfile.mkdtemp(prefix=f"tp{degree}-{way}-", dir=work_dir)
     command = [sys.executable, os.path.abspath(__file__), "--load", folder, "--degree", str(degree), "--way", way]
     if degree > 1:
         command[1:1] = ["-m", "paddle.distributed.launch", "--nproc_per_node", str(degree), "--log_dir", log_dir]

@@ -192,23 +192,23 @@ def train_reward_model(world, output_dir, **changes):
 RUN_PPO = os.path.join(REPO_ROOT, "llm", "alignment", "ppo", "run_ppo.py")
 
 
-def launch_two_processes(config, argv, log_dir, script=RUN_PPO):
-    """`script` (run_ppo.py) `config` `argv` under `paddle.distributed.launch --nproc_per_node 2`; asserts it
-    exits 0 (showing the tails of its logs if not) and returns the two ranks' worker logs."""
-    returncode, output, logs = launch_two(config, argv, log_dir, script)
-    assert returncode == 0, output[-3000:] + logs[0][-3000:] + logs[1][-3000:]
+def launch_two_processes(config, argv, log_dir, script=RUN_PPO, processes=2):
+    """`script` (run_ppo.py) `config` `argv` under `paddle.distributed.launch --nproc_per_node 2` (or
+    `processes`); asserts it exits 0 (showing the tails of its logs if not) and returns the ranks' worker logs."""
+    returncode, output, logs = launch_two(config, argv, log_dir, script, processes)
+    assert returncode == 0, output[-3000:] + "".join(log[-3000:] for log in logs.values())
     return logs
 
 
-def launch_two(config, argv, log_dir, script=RUN_PPO):
+def launch_two(config, argv, log_dir, script=RUN_PPO, processes=2):
     """The launch of launch_two_processes, whatever its exit: (exit code, the launcher's output, the worker logs)."""
     command = [
-        sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(log_dir),
-        script, config, *argv,
+        sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(processes), "--log_dir",
+        str(log_dir), script, config, *argv,
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
-    logs = {rank: (log_dir / f"workerlog.{rank}").read_text(errors="replace") for rank in (0, 1)}
+    logs = {rank: (log_dir / f"workerlog.{rank}").read_text(errors="replace") for rank in range(processes)}
     return result.returncode, result.stdout + result.stderr, logs
 
 
@@ -233,7 +233,7 @@ def small_run_argv(world, output_dir, **changes):
 
 
 def run_probe(script, output, argv, log_dir, processes):
-    """A probe script of tests/probes (`script OUTPUT argv...`) in one process, or over 2 under
+    """A probe script of tests/probes (`script OUTPUT argv...`) in one process, or over `processes` under
     `paddle.distributed.launch`; returns the JSON its rank 0 wrote to `output`."""
     if processes == 1:
         result = subprocess.run(
@@ -242,7 +242,7 @@ def run_probe(script, output, argv, log_dir, processes):
         )
         assert result.returncode == 0, result.stderr[-3000:]
     else:
-        launch_two_processes(str(output), list(argv), log_dir, script=script)
+        launch_two_processes(str(output), list(argv), log_dir, script=script, processes=processes)
     return json.loads(output.read_text())
 
 

@@ -8,13 +8,56 @@ number of copies of each batch, and data is split over the data ranks only.
 import contextlib
 import logging
 import os
+import socket
 import sys
 
 import paddle
 import paddle.distributed as dist
+from paddle.distributed import collective as paddle_collective
 from paddle.distributed import fleet
 
 from paddle_alignment import watchdog
+
+
+def rendezvous_each_gloo_group_apart():
+    """Make every gloo process group created from now on meet its peers in a TCP store of its own.
+
+    Paddle 3.3's `ProcessGroupGloo` connects its gloo context through the launch's one TCP store under the
+    keys "0", "1", ... with no prefix per group (process_group_gloo.cc; its comm context does prefix the
+    group id). A rank creating a group can then read a peer's address left there by an earlier group, or
+    written at the same moment by a group of the same size beside it (fleet's data-parallel groups), and
+    the group fails to form: `gloo/transport/tcp/pair.cc:784 ... Connection refused`, a gloo TIMEOUT or a
+    hang. Measured under 4 processes creating 18 groups (tests/probes/gloo_groups.py): every run failed;
+    with a store per group, none did. The first rank of each group opens the group's store on a free
+    port and publishes the port in the launch's store under the group's id, which all members share.
+    Groups of other backends (NCCL on GPUs) and the global group are left as Paddle makes them. Called
+    before fleet or the parallel environment is initialised; calling it again changes nothing."""
+    create = paddle_collective._new_process_group_impl
+    if getattr(create, "rendezvous_apart", False):
+        return
+
+    def create_with_own_store(backend, store, rank, world_size, group_name, pg_options, group_id=0, **options):
+        if backend == "gloo" and group_id != 0:
+            store = group_store(store, rank, world_size, group_id)
+        return create(backend, store, rank, world_size, group_name, pg_options, group_id, **options)
+
+    create_with_own_store.rendezvous_apart = True
+    paddle_collective._new_process_group_impl = create_with_own_store
+
+
+def group_store(launch_store, rank, world_size, group_id):
+    """A TCP store for the members of process group `group_id`, served by its first rank at its launch
+    address. The address is published before the store opens: the server waits for every member."""
+    key = f"paddle_alignment/group_store/{group_id}"
+    if rank == 0:
+        host = os.environ.get("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:0").rsplit(":", 1)[0]
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        launch_store.set(key, f"{host}:{port}".encode())
+        return paddle.base.core.TCPStore(host, port, True, world_size)
+    host, port = bytes(launch_store.get(key)).decode().rsplit(":", 1)
+    return paddle.base.core.TCPStore(host, int(port), False, world_size)
 
 
 def is_distributed():

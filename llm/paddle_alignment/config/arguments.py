@@ -32,6 +32,7 @@ from paddle_alignment.algos import (
     ROLLOUT_CORRECTIONS,
 )
 from paddle_alignment.config.paddlenlp_keys import canonical_options, config_tokens, drop_keys_without_effect, read_config, split_options
+from paddle_alignment.distributed import rendezvous_each_gloo_group_apart
 from paddle_alignment.models.head_logprobs import DEFAULT_CHUNK_TOKENS
 from paddle_alignment.offload import parse_offload_level
 from paddle_alignment.rewards import REWARD_TASKS
@@ -898,6 +899,7 @@ def parse_arguments(argv, argument_classes=ARGUMENT_CLASSES):
             hint = difflib.get_close_matches(key, valid, n=1)
             raise ValueError(f"unknown config key {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else ""))
     tokens = [token for key, values in options for token in (f"--{key}", *values)]
+    rendezvous_each_gloo_group_apart()  # before paddlenlp's arguments initialise fleet's groups
     parsed = PdArgumentParser(argument_classes).parse_args_into_dataclasses(args=tokens, look_for_args_file=False)
     validate_across(parsed, given=dict(options))
     return parsed

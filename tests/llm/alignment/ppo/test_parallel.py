@@ -126,6 +126,17 @@ def test_two_process_grpo_step_equals_one_process_on_the_same_global_batch(tiny_
 
 
 @pytest.mark.slow
+def test_four_processes_form_the_groups_of_hybrid_layouts(tmp_path):
+    """Paddle's gloo groups meet through per-group stores (distributed.rendezvous_each_gloo_group_apart):
+    under 4 processes, fleet's groups of TP4 and TP2 x DP2 made 3 times over, side by side and one after
+    another, each all-reduce to its members' sum. Paddle's own setup failed this probe in 6 runs of 6."""
+    output = tmp_path / "groups.json"
+    launch_two_processes(str(output), [], tmp_path / "log", script=os.path.join(PROBES, "gloo_groups.py"), processes=4)
+    result = json.loads(output.read_text())
+    assert result["sums"] == [float(sum(rank + 1 for rank in ranks)) for ranks in result["groups"]]
+
+
+@pytest.mark.slow
 def test_advantages_are_whitened_over_every_data_parallel_rank(tmp_path):
     """REINFORCE++ and GAE whiten over the global batch, as verl does: each of 2 ranks' half equals the
     NumPy whitening (verl's masked_whiten, unbiased variance) of the whole batch."""

@@ -3,8 +3,10 @@
 
     python tests/probes/tp_rollout.py OUT.json CONFIG.json [--key value ...]
 
-Rank 0 writes the response token ids (sampled ones drawn after `paddle.seed(7)`), whether the actor's weights are split over a tensor-parallel group,
-and the warnings the rollout engine logged (a fallback to generate() among them).
+Each data rank takes its share of 16 eval prompts (all of them in one process). Rank 0 writes to OUT.json the
+prompts' indices, the response token ids without their padding (sampled ones drawn after `paddle.seed(7)`), whether the actor's
+weights are split over a tensor-parallel group, and the warnings the rollout engine logged (a fallback to
+generate() among them); every rank writes the same of its own to OUT.json.rankN.
 """
 
 import json
@@ -21,7 +23,7 @@ configure_cpu_runtime()  # MKL's code path and threads for this CPU, before padd
 import paddle  # noqa: E402
 
 from llm.alignment.ppo import run_ppo  # noqa: E402
-from paddle_alignment.distributed import finish_distributed_run  # noqa: E402
+from paddle_alignment.distributed import finish_distributed_run, rank_shard  # noqa: E402
 from paddle_alignment.models.tensor_parallel import is_tensor_parallel  # noqa: E402
 from paddle_alignment.rollout import decode as infer_utils  # noqa: E402
 
@@ -35,22 +37,29 @@ class Collect(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+def strip_padding(tokens, pad):
+    """A response without the padding after it (its batch pads responses to the longest)."""
+    while tokens and tokens[-1] == pad:
+        tokens = tokens[:-1]
+    return tokens
+
+
 if __name__ == "__main__":
     warnings = Collect()
     logging.getLogger(infer_utils.__name__).addHandler(warnings)
     trainer = run_ppo.build_trainer(sys.argv[2:])
-    items = [trainer.eval_dataset[i] for i in range(16)]
+    indices = rank_shard(16)
+    items = [trainer.eval_dataset[i] for i in indices]
     tokens = {}
     for name, greedy in [("greedy", True), ("sampled", False)]:
         paddle.seed(7)
         sampling = infer_utils.SamplingConfig.from_args(trainer.args, greedy=greedy)
         exp = infer_utils.generate_rollouts(trainer.model, trainer.tokenizer, items, 1 if greedy else 4, sampling, trainer.args.use_fusemt)
-        tokens[name] = exp.input_ids[:, exp.prompt_len :].numpy().tolist()
-    if paddle.distributed.get_rank() == 0:
-        with open(sys.argv[1], "w") as f:
-            json.dump({
-                **tokens,
-                "tensor_parallel": is_tensor_parallel(trainer.model),
-                "warnings": warnings.messages,
-            }, f)
+        pad = trainer.tokenizer.pad_token_id
+        tokens[name] = [strip_padding(row, pad) for row in exp.input_ids[:, exp.prompt_len :].numpy().tolist()]
+    record = {**tokens, "indices": indices, "tensor_parallel": is_tensor_parallel(trainer.model), "warnings": warnings.messages}
+    rank = paddle.distributed.get_rank()
+    for path in [f"{sys.argv[1]}.rank{rank}"] + ([sys.argv[1]] if rank == 0 else []):
+        with open(path, "w") as f:
+            json.dump(record, f)
     finish_distributed_run()

@@ -51,7 +51,12 @@ from paddle_alignment.micro_batches import MicroBatching
 from paddle_alignment.models.lora_utils import is_lora
 from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective, response_token_stats
 from paddle_alignment.models.score_model_utils import RunningMeanStd
-from paddle_alignment.models.tensor_parallel import is_tensor_parallel, whole
+from paddle_alignment.models.tensor_parallel import (
+    average_gradients_over_data_ranks,
+    broadcast_parameters_from_first_data_rank,
+    is_tensor_parallel,
+    whole,
+)
 from paddle_alignment.offload import OffloadPlan
 from paddle_alignment.rollout import ColocatedRollout, RolloutTiming
 from paddle_alignment.rollout.decode import draw_seed
@@ -165,10 +170,12 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
     def _wrap_model(self, model, training=True):
         """paddlenlp's wrapping, except for models split by the tensor-parallel plan: fleet's TensorParallel
         and HybridParallelOptimizer are made for fleet's TP layers, while these are already distributed
-        tensors that train as they are (as under paddlenlp's AutoTrainer)."""
+        tensors that train as they are (as under paddlenlp's AutoTrainer), with what data parallel adds done
+        here: the same parameters on every data rank, and gradients averaged over them (optimizer_step)."""
         if is_tensor_parallel(model):
             if self.do_grad_scaling:
                 raise ValueError("fp16 loss scaling does not run with tensor_parallel_degree > 1: use bf16")
+            broadcast_parameters_from_first_data_rank(model)
             return model
         return super()._wrap_model(model, training)
 
@@ -555,7 +562,10 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
             with collective("the optimizer step's gradient reduction"):
                 grad_norm = hybrid_parallel_step(optimizer)
         else:
-            # paddle.DataParallel has all-reduced the gradients during backward.
+            # paddle.DataParallel has averaged the gradients over the data ranks during backward; a
+            # tensor-parallel model, which it does not wrap, averages its parts of them now.
+            if is_tensor_parallel(model):
+                average_gradients_over_data_ranks(model.parameters())
             grad_norm = gradient_norm(model.parameters())
             optimizer.step()
         lr_scheduler.step()

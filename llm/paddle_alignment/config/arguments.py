@@ -813,8 +813,8 @@ GROUPS = (
 def check_parallel_degrees(args, world_size, on_accelerator):
     """Parallel degrees against the launched processes, before paddlenlp's own asserts: tensor x pipeline
     (x sharding) ranks must divide the world. Tensor parallel (Paddle's auto-parallel plan,
-    models/tensor_parallel.py) runs alone; sharding stage 1 runs with data parallel, on CPU too; stages 2
-    and 3 (paddle's group_sharded_parallel) need GPUs."""
+    models/tensor_parallel.py) runs with data parallel and sharding stage 1 over the other ranks; sharding
+    stage 1 runs on CPU too; stages 2 and 3 (paddle's group_sharded_parallel) need GPUs."""
     sharding = args.sharding not in ("", [], None, False)
     degrees = {
         "tensor_parallel_degree": max(args.tensor_parallel_degree, 1),
@@ -836,12 +836,6 @@ def check_parallel_degrees(args, world_size, on_accelerator):
             + ("the tensor-parallel plan splits weights, not activations" if tensor_parallel > 1 else "tensor_parallel_degree is 1")
         )
         args.sequence_parallel = False
-    if tensor_parallel > 1 and world_size != tensor_parallel:
-        raise ValueError(
-            f"tensor_parallel_degree={tensor_parallel} over {world_size} launched processes: tensor parallel runs "
-            "alone (every process in one tensor-parallel group), without data parallel or sharding; launch "
-            f"{tensor_parallel} processes, or use sharding stage1 over all of them"
-        )
     stages = set(args.sharding) if isinstance(args.sharding, (list, tuple)) else set(str(args.sharding or "").split())
     sharding_ranks = args.sharding_parallel_degree if args.sharding_parallel_degree > 0 else world_size // replica
     if sharding and sharding_ranks <= 1:
@@ -851,6 +845,12 @@ def check_parallel_degrees(args, world_size, on_accelerator):
         raise ValueError(
             f"sharding={args.sharding}: stages 2 and 3 (paddle's group_sharded_parallel) need GPUs; "
             "on CPU use sharding stage1"
+        )
+    elif sharding and tensor_parallel > 1:
+        logger.info(
+            f"sharding={args.sharding} with tensor_parallel_degree={tensor_parallel}: the {sharding_ranks} sharding ranks "
+            "train as data-parallel ranks, each keeping the whole optimizer state of its tensor-parallel part "
+            "(the same results as sharded states; their memory is not divided)"
         )
 
 

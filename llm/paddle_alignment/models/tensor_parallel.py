@@ -13,8 +13,10 @@ import paddle.distributed as dist
 from paddle.distributed.auto_parallel.api import dtensor_from_local
 from paddlenlp.utils.log import logger
 
-from paddle_alignment.distributed import hybrid_communicate_group
+from paddle_alignment.distributed import collective, data_parallel_rank_and_size, hybrid_communicate_group
 
+# Parameters and gradients go over the data ranks in buckets of at most this many bytes, the memory it adds.
+BUCKET_BYTES = 256 << 20
 COLUMN_PARALLEL = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROW_PARALLEL = ("self_attn.o_proj", "mlp.down_proj")
 
@@ -77,6 +79,64 @@ def is_tensor_parallel(model):
 def local_value(tensor):
     """This rank's part of a distributed tensor; a plain tensor as it is."""
     return tensor._local_value() if tensor.is_dist() else tensor
+
+
+def data_rank_groups():
+    """fleet's groups whose ranks hold the same part of the model and different batches: the data-parallel
+    and the sharding group (of more than one rank). Summing over one, then the other, sums over every data
+    rank (the rank's data-parallel x sharding grid)."""
+    hcg = hybrid_communicate_group()
+    groups = (hcg.get_data_parallel_group(), hcg.get_sharding_parallel_group()) if hcg is not None else ()
+    return [group for group in groups if group.nranks > 1]
+
+
+def broadcast_parameters_from_first_data_rank(model):
+    """Give every data rank the parameters of the first, as paddle.DataParallel does when it wraps a model
+    (it does not wrap these, see PPOTrainer._wrap_model): each data rank draws from its own seed, so parts
+    initialised at load (a critic's fresh score head) would otherwise differ between the model's copies."""
+    for group in data_rank_groups():
+        for bucket in buckets([local_value(p) for p in model.parameters()]):
+            fused = paddle.concat([tensor.flatten() for tensor in bucket])
+            with collective("the broadcast of the parameters over the data ranks"):
+                dist.broadcast(fused, src=group.ranks[0], group=group)
+            write_back(bucket, fused)
+
+
+def average_gradients_over_data_ranks(parameters):
+    """Average the gradients of a tensor-parallel model's `parameters` over the data ranks, as
+    paddle.DataParallel does during backward for a model it wraps: each rank's part of each gradient with
+    the same part on the other data ranks. In place."""
+    groups = data_rank_groups()
+    if not groups:
+        return
+    ranks = data_parallel_rank_and_size()[1]
+    for bucket in buckets([local_value(p.grad) for p in parameters if p.grad is not None]):
+        fused = paddle.concat([grad.flatten() for grad in bucket])
+        with collective("the gradient all-reduce over the data ranks"):
+            for group in groups:
+                dist.all_reduce(fused, group=group)
+        write_back(bucket, fused / ranks)
+
+
+def buckets(tensors):
+    """`tensors` in consecutive runs of one dtype and at most BUCKET_BYTES (a larger tensor alone), each
+    fused into one tensor for one collective."""
+    bucket, size = [], 0
+    for tensor in tensors:
+        nbytes = tensor.size * tensor.element_size()
+        if bucket and (tensor.dtype != bucket[0].dtype or size + nbytes > BUCKET_BYTES):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(tensor)
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def write_back(bucket, fused):
+    """The parts of `fused` (a bucket's tensors flattened end to end) into the bucket's tensors, in place."""
+    for tensor, part in zip(bucket, paddle.split(fused, [tensor.size for tensor in bucket])):
+        paddle.assign(part.reshape(tensor.shape), output=tensor)
 
 
 def whole(tensor):

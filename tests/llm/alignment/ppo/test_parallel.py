@@ -33,6 +33,8 @@ def layout(**changes):
     "changes",
     [
         {"tensor_parallel_degree": 8},
+        {"tensor_parallel_degree": 2},  # x 4 data-parallel ranks
+        {"tensor_parallel_degree": 4, "sharding": "stage1", "sharding_parallel_degree": 2},  # PaddleNLP's Qwen GRPO layout
         {"sharding": "stage1", "sharding_parallel_degree": 8},
         {"sharding": "stage1", "sharding_parallel_degree": 4},
         {"sharding": "stage3"},
@@ -53,13 +55,17 @@ def test_parallel_layouts_of_eight_gpus_pass(changes):
             "tensor_parallel_degree=2 x pipeline_parallel_degree=2 x sharding_parallel_degree=4 = 16",
         ),
         ({"tensor_parallel_degree": 2}, 1, "does not divide the 1 launched"),
-        ({"tensor_parallel_degree": 2}, 8, "tensor parallel runs alone .* launch 2 processes, or use sharding stage1"),
-        ({"tensor_parallel_degree": 2, "sharding": "stage1", "sharding_parallel_degree": 4}, 8, "tensor parallel runs alone"),
     ],
 )
 def test_inconsistent_parallel_degrees_fail_naming_the_keys(changes, world, message):
     with pytest.raises(ValueError, match=message):
         check_parallel_degrees(layout(**changes), world_size=world, on_accelerator=True)
+
+
+def test_sharding_with_tensor_parallel_says_the_optimizer_states_are_not_divided():
+    with paddlenlp_messages() as lines:
+        check_parallel_degrees(layout(tensor_parallel_degree=4, sharding="stage1", sharding_parallel_degree=2), 8, True)
+    assert any("the 2 sharding ranks train as data-parallel ranks" in line for line in lines), lines
 
 
 def test_sequence_parallel_and_one_rank_sharding_are_switched_off_with_a_log_line():
@@ -97,7 +103,7 @@ def test_a_cpu_config_with_tensor_parallel_stops_at_parse(tmp_path):
 
 def first_step(world, tmp_path, run, processes, data_ranks=None, **changes):
     """The first GRPO step of the probe tests/probes/grpo_first_step.py on 8 prompts in all: in one process, or
-    launched over 2 processes, the prompts split over the `data_ranks` (default: both); returns rank 0's
+    launched over `processes`, the prompts split over the `data_ranks` (default: all); returns rank 0's
     metrics (and weight digest). Worker logs go to tmp_path/<run>_log."""
     prompts = 8 // (data_ranks or processes)
     argv = small_run_argv(

@@ -1,8 +1,9 @@
 """Tensor parallel on CPU (Paddle's auto-parallel plan, models/tensor_parallel.py) under
-`paddle.distributed.launch --nproc_per_node 2`: a TP2 GRPO step and PPO step (policy and critic) equal one
+`paddle.distributed.launch`: over 2 processes, a TP2 GRPO step and PPO step (policy and critic) equal one
 process; TP2 rollouts of the fast decode loop equal TP1 token for token, with the vocabulary whole on every
 rank (the tiny model's tied 259-token head) and split over the ranks (an untied copy padded to 260); a TP2
-run saves whole models and per-rank optimizer slices, and resumes from them exactly."""
+run saves whole models and per-rank optimizer slices, and resumes from them exactly. Over 4 processes, the
+same at TP2 x DP2; over 8, PaddleNLP's TP4 x sharding-2 layout."""
 
 import json
 import os
@@ -54,6 +55,58 @@ def test_tensor_parallel_step_equals_one_process(tiny_world, tmp_path, algorithm
     np.testing.assert_allclose([two["weights"][n] for n in names], [one["weights"][n] for n in names], rtol=1e-6, atol=atol)
 
 
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_tensor_parallel_by_data_parallel_step_equals_one_process(tiny_world, tmp_path, algorithm):
+    """TP2 x DP2 over 4 processes: each tensor-parallel pair holds half of the 8 prompts and half of each split
+    layer, and averages its gradient parts with the other pair. The first step's losses, gradient norms and
+    weights after the step equal one process's on the same 8 prompts (for PPO the critic's too)."""
+    one = first_step(tiny_world, tmp_path, "one", processes=1, rl_algorithm=algorithm)
+    four = first_step(tiny_world, tmp_path, "four", processes=4, data_ranks=2, rl_algorithm=algorithm, tensor_parallel_degree=2)
+    rank_tokens = [json.loads((tmp_path / f"four.json.rank{rank}").read_text())["response_tokens"] for rank in range(4)]
+    assert rank_tokens[0] == rank_tokens[1] != rank_tokens[2] == rank_tokens[3], rank_tokens  # a batch per pair
+    keys = ["loss/policy_avg", "grad_norm", "reward_mean"]
+    keys += ["loss/value_avg", "critic_grad_norm"] if algorithm == "ppo" else []
+    assert one["grad_norm"] > 1e-3 and (algorithm == "grpo" or one["critic_grad_norm"] > 1e-3)
+    for key in keys:
+        assert four[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
+    # Statistics averaged over each data rank's tokens, then over the ranks, agree less closely (as under
+    # data parallel alone: test_parallel.py).
+    for key in ["entropy"] + (["val/value_mean"] if algorithm == "ppo" else []):
+        assert four[key] == pytest.approx(one[key], rel=1e-3), key
+    names = sorted(one["weights"])
+    atol = 5e-5 if algorithm == "ppo" else 1e-5  # as test_tensor_parallel_step_equals_one_process says
+    np.testing.assert_allclose([four["weights"][n] for n in names], [one["weights"][n] for n in names], rtol=1e-6, atol=atol)
+
+
+def test_paddlenlp_qwen_layout_tensor_parallel_4_by_sharding_2_equals_one_process(tiny_world, tmp_path):
+    """PaddleNLP's Qwen GRPO layout, TP4 x sharding stage 1 over 2, on 8 processes: a random model of the tiny
+    world's shape with 4 key-value heads (so that 4 divides them). The sharding ranks train as data-parallel
+    ranks with whole optimizer states (the log says so); the first step's loss, gradient norm and weights equal
+    one process's on the same 8 prompts."""
+    config = AutoConfig.from_pretrained(tiny_world["model"])
+    config.num_key_value_heads = config.num_attention_heads
+    model_dir = str(tmp_path / "four_kv_heads")
+    paddle.seed(3)
+    AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
+    copy_tokenizer_files(tiny_world["model"], model_dir)
+    one = first_step(tiny_world, tmp_path, "one", processes=1, actor_model_name_or_path=model_dir)
+    eight = first_step(tiny_world, tmp_path, "eight", processes=8, data_ranks=2, actor_model_name_or_path=model_dir,
+                       tensor_parallel_degree=4, sharding="stage1", sharding_parallel_degree=2)
+    assert split_messages(tmp_path / "eight_log") == ["Qwen2ForCausalLM split over 4 tensor-parallel ranks: 14 layers, vocabulary whole on every rank"]
+    assert "the 2 sharding ranks train as data-parallel ranks" in (tmp_path / "eight_log" / "workerlog.0").read_text()
+    assert one["grad_norm"] > 1e-3
+    for key in ["loss/policy_avg", "grad_norm", "reward_mean"]:
+        assert eight[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
+    names = sorted(one["weights"])
+    np.testing.assert_allclose([eight["weights"][n] for n in names], [one["weights"][n] for n in names], rtol=1e-6, atol=1e-5)
+
+
+def copy_tokenizer_files(source, target):
+    for name in os.listdir(source):
+        if name.endswith((".json", ".txt")) and not os.path.exists(os.path.join(target, name)):
+            shutil.copy(os.path.join(source, name), target)
+
+
 def untied_copy_with_padded_vocabulary(source, target, multiple):
     """`source` with its tied LM head untied and the vocabulary padded with zero rows to a multiple of
     `multiple` (as Qwen pads its vocabulary), so the tensor-parallel plan splits both over the vocabulary."""
@@ -67,9 +120,7 @@ def untied_copy_with_padded_vocabulary(source, target, multiple):
     untied = AutoModelForCausalLM.from_config(config)
     untied.set_state_dict({**state, "qwen2.embed_tokens.weight": table, "lm_head.weight": table.T})
     untied.save_pretrained(target)
-    for name in os.listdir(source):
-        if name.endswith((".json", ".txt")) and not os.path.exists(os.path.join(target, name)):
-            shutil.copy(os.path.join(source, name), target)
+    copy_tokenizer_files(source, target)
     return target
 
 
@@ -91,6 +142,23 @@ def test_tensor_parallel_rollout_equals_one_process(tiny_world, tmp_path, vocabu
     assert one["warnings"] == [] and two["warnings"] == []  # no fallback to generate()
     assert len({tuple(tokens) for tokens in one["sampled"]}) > 8  # varied samples, not one answer
     assert two["greedy"] == one["greedy"] and two["sampled"] == one["sampled"]
+
+
+def test_tensor_parallel_by_data_parallel_greedy_rollout_equals_one_process(tiny_world, tmp_path):
+    """TP2 x DP2: each tensor-parallel pair decodes its data rank's half of the prompts on its halves of the
+    weights; the greedy responses equal one process's for the same prompts (sampled ones draw per batch)."""
+    argv = [TINY_CONFIG, *small_run_argv(tiny_world, str(tmp_path / "run"), use_rm_server="false", use_rule_reward="true")]
+    probe = os.path.join(PROBES, "tp_rollout.py")
+    one = run_probe(probe, tmp_path / "one.json", argv, None, processes=1)
+    run_probe(probe, tmp_path / "four.json", [*argv, "--tensor_parallel_degree", "2"], tmp_path / "log", processes=4)
+    ranks = [json.loads((tmp_path / f"four.json.rank{rank}").read_text()) for rank in range(4)]
+    assert all(rank["tensor_parallel"] and rank["warnings"] == [] for rank in ranks)
+    assert ranks[0]["indices"] == ranks[1]["indices"] == list(range(0, 16, 2))  # a pair shares its prompts
+    assert ranks[2]["indices"] == ranks[3]["indices"] == list(range(1, 16, 2))
+    assert ranks[0]["greedy"] == ranks[1]["greedy"] and ranks[2]["greedy"] == ranks[3]["greedy"]
+    greedy = {index: tokens for rank in (ranks[0], ranks[2]) for index, tokens in zip(rank["indices"], rank["greedy"])}
+    assert len({tuple(tokens) for tokens in one["greedy"]}) > 1  # not one answer to every prompt
+    assert [greedy[index] for index in range(16)] == one["greedy"]
 
 
 def tensor_parallel_argv(world, output_dir):
@@ -139,6 +207,20 @@ def test_tensor_parallel_run_restarted_after_a_crash_ends_exactly_as_the_uninter
     assert_resumed_run_ends_as_uninterrupted(logs[0], crashed, output_dir, straight_metrics, "tp")
     # The checkpoint's policy is safetensors: each rank read only its part of it (split_loading.py).
     assert f"loaded from {crashed / 'checkpoint-2' / 'policy'}: this rank read only its part" in logs[0]
+
+
+def test_tensor_parallel_by_data_parallel_run_resumes_exactly_and_saves_whole_models(tiny_world, tmp_path):
+    """TP2 x DP2 over 4 processes, 4 steps: policy/ is the whole model, loadable in one process; with only
+    checkpoint-2 left, as after a crash, the same command ends on the uninterrupted run's metrics, weights and
+    optimizer slices (one file per tensor-parallel rank), bit for bit."""
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    logs = launch_two_processes(TINY_CONFIG, tensor_parallel_argv(tiny_world, straight), tmp_path / "log", processes=4)
+    full = dict(AutoModelForCausalLM.from_pretrained(tiny_world["model"]).named_parameters())
+    saved = dict(AutoModelForCausalLM.from_pretrained(str(straight / "policy")).named_parameters())
+    assert {name: p.shape for name, p in saved.items()} == {name: p.shape for name, p in full.items()}
+    shutil.copytree(straight / "checkpoint-2", crashed / "checkpoint-2")
+    resumed_logs = launch_two_processes(TINY_CONFIG, tensor_parallel_argv(tiny_world, crashed), tmp_path / "log_resumed", processes=4)
+    assert_resumed_run_ends_as_uninterrupted(resumed_logs[0], crashed, straight, step_metrics(logs[0]), "tp")
 
 
 def safetensors_copies(source, tmp_path):

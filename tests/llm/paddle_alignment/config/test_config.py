@@ -10,8 +10,10 @@ import pytest
 from helpers import REPO_ROOT, BASE, parse
 from llm.alignment.rm.run_reward import ARGUMENT_CLASSES as REWARD_ARGUMENTS
 from llm.run_finetune import ARGUMENT_CLASSES as FINETUNE_ARGUMENTS
+from llm.tools.build_real_model import real_config
 from paddle_alignment.config.arguments import ARGUMENT_CLASSES, check_parallel_degrees, parse_arguments
 from paddle_alignment.config.paddlenlp_keys import canonical_options
+from paddle_alignment.models.tensor_parallel import check_splittable
 
 def test_valid_config_parses_with_paddlenlp_keys(tmp_path):
     model_args, data_args, args = parse(tmp_path, clip_range_ratio=0.2, clip_range_ratio_high=0.28)
@@ -142,6 +144,18 @@ def test_missing_and_malformed_files(tmp_path):
 
 
 SHIPPED_CONFIGS = sorted(glob.glob(os.path.join(REPO_ROOT, "config", "*", "*.json")))
+
+
+@pytest.mark.parametrize("path, architecture", [
+    ("config/qwen/grpo_7b_argument.json", "qwen2.5-7b"), ("config/llama/grpo_8b_argument.json", "llama-3.1-8b"),
+])
+def test_the_tensor_parallel_configs_split_their_models(path, architecture):
+    """The 7-8B configs at PaddleNLP's TP4 x sharding 2: 4 divides their model's heads, key-value heads and
+    MLP width (Qwen2.5-7B: 28, 4, 18944; Llama 3.1 8B: 32, 8, 14336)."""
+    with open(os.path.join(REPO_ROOT, path)) as f:
+        config = json.load(f)
+    assert (config["tensor_parallel_degree"], config["sharding"], config["sharding_parallel_degree"]) == (4, "stage1", 2)
+    check_splittable(real_config(architecture)[1], config["tensor_parallel_degree"])
 
 
 # A single CPU process runs a GPU config's settings but its parallel layout, checked against 8 GPUs apart.

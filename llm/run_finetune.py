@@ -23,15 +23,21 @@ from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import Trainer, TrainingArguments, set_seed
 
 from paddle_alignment.checkpoints.folders import output_dir_claimed
-from paddle_alignment.config.arguments import parse_arguments, refuse_tensor_parallel
+from paddle_alignment.config.arguments import parse_arguments, refuse_checkpoints_under_tensor_parallel
 from paddle_alignment.data import IGNORE_INDEX, SupervisedDataset
 from paddle_alignment.distributed import finish_distributed_run
 from paddle_alignment.fused_optimizer import FusedOptimizerMixin
 from paddle_alignment.models.loading import load_causal_lm, load_tokenizer
+from paddle_alignment.split_training import AverageSplitGradients, SplitModelMixin
 
 
-class FinetuneTrainer(FusedOptimizerMixin, Trainer):
-    """paddlenlp's Trainer, with the fused CPU AdamW (llm/paddle_alignment/fused_optimizer.py)."""
+class FinetuneTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
+    """paddlenlp's Trainer, with the fused CPU AdamW (llm/paddle_alignment/fused_optimizer.py), over models split
+    by the tensor-parallel plan too (llm/paddle_alignment/split_training.py)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_callback(AverageSplitGradients)
 
 
 @dataclass
@@ -52,7 +58,7 @@ ARGUMENT_CLASSES = (FinetuneModelArgument, FinetuneDataArgument, TrainingArgumen
 
 def main(argv):
     model_args, data_args, training_args = parse_arguments(argv, ARGUMENT_CLASSES)
-    refuse_tensor_parallel(training_args, "fine-tuning")
+    refuse_checkpoints_under_tensor_parallel(training_args, "fine-tuning")
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
     tokenizer = load_tokenizer(model_args.model_name_or_path)

@@ -4,12 +4,26 @@ configure_cpu_runtime()  # MKL's code path and threads for this CPU, before help
 
 import pytest  # noqa: E402
 
-from helpers import DEMO_WORLD, build_real_world, build_tiny_world, train_reward_model  # noqa: E402
+from helpers import DEMO_WORLD, build_real_world, build_tiny_world, first_step, train_reward_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_world(tmp_path_factory):
     return build_tiny_world(str(tmp_path_factory.mktemp("tiny_world")))
+
+
+@pytest.fixture(scope="session")
+def one_process_first_step(tiny_world, tmp_path_factory):
+    """algorithm -> the first step of tests/probes/grpo_first_step.py in one process on the tiny world's 8
+    prompts (helpers.first_step), run once per session: every layout's step is compared with it."""
+    steps = {}
+
+    def step(algorithm):
+        if algorithm not in steps:
+            steps[algorithm] = first_step(tiny_world, tmp_path_factory.mktemp(f"one_{algorithm}"), "one", processes=1, rl_algorithm=algorithm)
+        return steps[algorithm]
+
+    return step
 
 
 @pytest.fixture(scope="session")

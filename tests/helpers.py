@@ -4,6 +4,7 @@ parsing and NumPy references that test files in several folders use."""
 import json
 import logging
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -171,9 +172,10 @@ DEMO_WORLD = {"hidden_size": 128, "num_layers": 4, "sft_steps": 400, "sft_learni
 RM_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "rm_argument.json")
 
 
-def train_reward_model(world, output_dir, **changes):
+def train_reward_model(world, output_dir, processes=1, **changes):
     """run_reward on the world's preference pairs with config/tiny/rm_argument.json (its 300 steps unless
-    `changes` say otherwise); returns the final eval metrics."""
+    `changes` say otherwise), in this process or launched over `processes` (worker logs in output_dir/log);
+    returns the final eval metrics."""
     values = {
         "model_name_or_path": world["model"],
         "train_datasets": world["pref_train"],
@@ -184,12 +186,18 @@ def train_reward_model(world, output_dir, **changes):
         "logging_steps": 20,
         **changes,
     }
-    run_reward.main([RM_CONFIG, *[token for key, value in values.items() for token in (f"--{key}", str(value))]])
+    argv = [token for key, value in values.items() for token in (f"--{key}", str(value))]
+    if processes == 1:
+        run_reward.main([RM_CONFIG, *argv])
+    else:
+        launch_two_processes(RM_CONFIG, argv, pathlib.Path(output_dir) / "log", script=RUN_REWARD, processes=processes)
     with open(os.path.join(output_dir, "eval_results.json")) as f:
         return json.load(f)
 
 
 RUN_PPO = os.path.join(REPO_ROOT, "llm", "alignment", "ppo", "run_ppo.py")
+RUN_REWARD = os.path.join(REPO_ROOT, "llm", "alignment", "rm", "run_reward.py")
+RUN_FINETUNE = os.path.join(REPO_ROOT, "llm", "run_finetune.py")
 
 
 def launch_two_processes(config, argv, log_dir, script=RUN_PPO, processes=2):
@@ -250,6 +258,21 @@ def run_probe(script, output, argv, log_dir, processes):
 
 
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
+
+
+FIRST_STEP_PROBE = os.path.join(REPO_ROOT, "tests", "probes", "grpo_first_step.py")
+
+
+def first_step(world, tmp_path, run, processes, data_ranks=None, **changes):
+    """The first GRPO step of the probe tests/probes/grpo_first_step.py on 8 prompts in all: in one process, or
+    launched over `processes`, the prompts split over the `data_ranks` (default: all); returns rank 0's
+    metrics (and weight digest). Worker logs go to tmp_path/<run>_log."""
+    prompts = 8 // (data_ranks or processes)
+    argv = small_run_argv(
+        world, str(tmp_path / run), per_device_prompt_batch_size=prompts, per_device_train_batch_size=4 * prompts,
+        use_rm_server="false", use_rule_reward="true", loss_agg_mode="token-mean", max_steps=1, **changes,
+    )
+    return run_probe(FIRST_STEP_PROBE, tmp_path / f"{run}.json", [TINY_CONFIG, *argv], tmp_path / f"{run}_log", processes)
 
 
 def overrides(world, output_dir, **changes):

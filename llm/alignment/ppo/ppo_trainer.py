@@ -51,16 +51,12 @@ from paddle_alignment.micro_batches import MicroBatching
 from paddle_alignment.models.lora_utils import is_lora
 from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective, response_token_stats
 from paddle_alignment.models.score_model_utils import RunningMeanStd
-from paddle_alignment.models.tensor_parallel import (
-    average_gradients_over_data_ranks,
-    broadcast_parameters_from_first_data_rank,
-    is_tensor_parallel,
-    whole,
-)
+from paddle_alignment.models.tensor_parallel import average_gradients_over_data_ranks, is_tensor_parallel, whole
 from paddle_alignment.offload import OffloadPlan
 from paddle_alignment.rollout import ColocatedRollout, RolloutTiming
 from paddle_alignment.rollout.decode import draw_seed
 from paddle_alignment.rollout.worker import RolloutWorker
+from paddle_alignment.split_training import SplitModelMixin
 
 
 def response_values(critic, exp):
@@ -95,7 +91,7 @@ def token_weighted_means(sums):
     return {key: sums[f"{key}:sum"] / sums[f"{key}:count"] for key in keys if sums[f"{key}:count"] > 0}
 
 
-class PPOTrainer(FusedOptimizerMixin, Trainer):
+class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
     def __init__(
         self, model, reference_model, tokenizer, args, train_dataset, eval_dataset, reward_scorer,
         critic_model=None, ptx_dataset=None, lora_save_merged=False, export_hf=False, rollout=None,
@@ -166,18 +162,6 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
             int(args.critic_warmup_ratio * num_training_steps), self.decay_steps(args.critic_decay_steps),
         )
         self.critic_optimizer = build_optimizer(args, self.critic, self.critic_lr_scheduler, args.critic_weight_decay)
-
-    def _wrap_model(self, model, training=True):
-        """paddlenlp's wrapping, except for models split by the tensor-parallel plan: fleet's TensorParallel
-        and HybridParallelOptimizer are made for fleet's TP layers, while these are already distributed
-        tensors that train as they are (as under paddlenlp's AutoTrainer), with what data parallel adds done
-        here: the same parameters on every data rank, and gradients averaged over them (optimizer_step)."""
-        if is_tensor_parallel(model):
-            if self.do_grad_scaling:
-                raise ValueError("fp16 loss scaling does not run with tensor_parallel_degree > 1: use bf16")
-            broadcast_parameters_from_first_data_rank(model)
-            return model
-        return super()._wrap_model(model, training)
 
     def wrap_with_optimizer(self, model, optimizer):
         """`Trainer._wrap_model` wraps `self.optimizer` along with the model (mixed precision, fleet's hybrid or
@@ -563,7 +547,7 @@ class PPOTrainer(FusedOptimizerMixin, Trainer):
                 grad_norm = hybrid_parallel_step(optimizer)
         else:
             # paddle.DataParallel has averaged the gradients over the data ranks during backward; a
-            # tensor-parallel model, which it does not wrap, averages its parts of them now.
+            # tensor-parallel model, which it does not wrap (split_training.py), averages its parts of them now.
             if is_tensor_parallel(model):
                 average_gradients_over_data_ranks(model.parameters())
             grad_norm = gradient_norm(model.parameters())

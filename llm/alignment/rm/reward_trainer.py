@@ -1,5 +1,5 @@
 """Reward-model trainer: paddlenlp's Trainer with a pairwise loss (`loss_type`) and preference accuracy, and
-the fused CPU AdamW (fused_optimizer.py).
+the fused CPU AdamW (fused_optimizer.py), over models split by the tensor-parallel plan too (split_training.py).
 
 Batches come from `PreferenceCollator`: the N better sequences, then the N worse ones, scored in one
 forward pass of the score model.
@@ -12,11 +12,13 @@ from paddle_alignment.algos import PAIRWISE_LOSSES
 from paddle_alignment.algos.pairwise import end_scores
 from paddle_alignment.distributed import all_reduce_scalars, rank_shard
 from paddle_alignment.fused_optimizer import FusedOptimizerMixin
+from paddle_alignment.split_training import AverageSplitGradients, SplitModelMixin
 
 
-class RewardTrainer(FusedOptimizerMixin, Trainer):
+class RewardTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.add_callback(AverageSplitGradients)
         self.pairwise_loss = PAIRWISE_LOSSES.get(self.args.loss_type)
 
     def pair_loss(self, model, inputs):

@@ -854,13 +854,23 @@ def check_parallel_degrees(args, world_size, on_accelerator):
         )
 
 
-def refuse_tensor_parallel(args, stage):
-    """SFT and reward-model training run data parallel and sharding stage1: paddlenlp's Trainer would wrap
-    a model split by the tensor-parallel plan in fleet's TP wrappers, which expect fleet's own TP layers."""
-    if args.tensor_parallel_degree > 1:
+def refuse_checkpoints_under_tensor_parallel(args, stage):
+    """SFT and reward-model training (paddlenlp's Trainer) save the final model whole at any layout, but its
+    checkpoints in between hold the optimizer as fleet's TP layers keep it; with models split by the
+    tensor-parallel plan they are not written or resumed yet (run_ppo's own checkpoints are)."""
+    if args.tensor_parallel_degree <= 1:
+        return
+    layout = f"tensor_parallel_degree={args.tensor_parallel_degree}"
+    strategy = getattr(args.save_strategy, "value", args.save_strategy)
+    if strategy != "no":
         raise ValueError(
-            f"tensor_parallel_degree={args.tensor_parallel_degree}: {stage} runs data parallel and sharding stage1; "
-            "tensor parallel is run_ppo's"
+            f"{layout} with save_strategy={strategy!r}: {stage} under tensor parallel saves its final model only, "
+            'no checkpoints in between; set save_strategy "no"'
+        )
+    if args.resume_from_checkpoint:
+        raise ValueError(
+            f"{layout} with resume_from_checkpoint={args.resume_from_checkpoint!r}: {stage} under tensor parallel "
+            "does not resume checkpoints; start from a saved model (model_name_or_path)"
         )
 
 

@@ -8,7 +8,8 @@ import paddle
 import paddle.distributed as dist
 from paddle import nn
 
-from paddle_alignment.distributed import is_distributed
+from paddle_alignment.distributed import data_parallel_rank_and_size, is_distributed
+from paddle_alignment.models.tensor_parallel import local_value
 
 
 def combine_moments(counts, means, variances):
@@ -25,12 +26,13 @@ def combine_moments(counts, means, variances):
 
 
 def batch_moments(values):
-    """Count, mean and population variance of `values` [N, D] (float64), over all ranks when distributed.
+    """Count, mean and population variance of `values` [N, D] (float64), over all data ranks when distributed.
 
     Each rank all-gathers its own (count, mean, var) rather than the raw values, so ranks may hold
-    different N; the merge is exact, identical to the statistics of the concatenated values.
+    different N; the merge is exact, identical to the statistics of the concatenated values. The ranks of a
+    tensor-parallel group hold the same values (whole on each, from a split model's output): each batch counts once.
     """
-    values = values.astype("float64")
+    values = local_value(values).astype("float64")
     count = paddle.full([1], values.shape[0], dtype="float64")
     if values.shape[0] > 0:
         mean, var = values.mean(axis=0), values.var(axis=0, unbiased=False)
@@ -42,7 +44,8 @@ def batch_moments(values):
     gathered = []
     dist.all_gather(gathered, local)
     stats = paddle.stack(gathered)  # [world, 3, D]
-    return combine_moments(stats[:, 0, 0], stats[:, 1], stats[:, 2])
+    copies = dist.get_world_size() // data_parallel_rank_and_size()[1]
+    return combine_moments(stats[:, 0, 0] / copies, stats[:, 1], stats[:, 2])
 
 
 class Normalizer(nn.Layer):

@@ -15,12 +15,11 @@ import pytest
 from paddlenlp.transformers import AutoModelForCausalLM
 from safetensors import safe_open
 
-from helpers import FROZEN_RUN, REPO_ROOT, launch_two, launch_two_processes, numpy_gae, paddlenlp_messages, parse, run_probe, small_run_argv
-from paddle_alignment.config.arguments import check_parallel_degrees
+from helpers import FROZEN_RUN, REPO_ROOT, first_step, launch_two, launch_two_processes, numpy_gae, paddlenlp_messages, parse, small_run_argv
+from paddle_alignment.config.arguments import check_parallel_degrees, refuse_checkpoints_under_tensor_parallel
 
 PROBES = os.path.join(REPO_ROOT, "tests", "probes")
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
-FIRST_STEP_PROBE = os.path.join(PROBES, "grpo_first_step.py")
 
 
 def layout(**changes):
@@ -62,6 +61,18 @@ def test_inconsistent_parallel_degrees_fail_naming_the_keys(changes, world, mess
         check_parallel_degrees(layout(**changes), world_size=world, on_accelerator=True)
 
 
+@pytest.mark.parametrize("changes, message", [
+    ({"save_strategy": "steps"}, "save_strategy='steps': reward-model training under tensor parallel saves its final model only"),
+    ({"save_strategy": "no", "resume_from_checkpoint": "out/checkpoint-2"},
+     "resume_from_checkpoint='out/checkpoint-2': reward-model training under tensor parallel does not resume checkpoints"),
+])
+def test_sft_and_reward_model_checkpoints_under_tensor_parallel_are_refused(changes, message):
+    args = SimpleNamespace(**{"tensor_parallel_degree": 2, "resume_from_checkpoint": None, **changes})
+    with pytest.raises(ValueError, match=re.escape(message)):
+        refuse_checkpoints_under_tensor_parallel(args, "reward-model training")
+    refuse_checkpoints_under_tensor_parallel(SimpleNamespace(**{**vars(args), "tensor_parallel_degree": 1}), "reward-model training")
+
+
 def test_sharding_with_tensor_parallel_says_the_optimizer_states_are_not_divided():
     with paddlenlp_messages() as lines:
         check_parallel_degrees(layout(tensor_parallel_degree=4, sharding="stage1", sharding_parallel_degree=2), 8, True)
@@ -101,25 +112,13 @@ def test_a_cpu_config_with_tensor_parallel_stops_at_parse(tmp_path):
     assert not parse(tmp_path, sharding="stage2")[2].sharding
 
 
-def first_step(world, tmp_path, run, processes, data_ranks=None, **changes):
-    """The first GRPO step of the probe tests/probes/grpo_first_step.py on 8 prompts in all: in one process, or
-    launched over `processes`, the prompts split over the `data_ranks` (default: all); returns rank 0's
-    metrics (and weight digest). Worker logs go to tmp_path/<run>_log."""
-    prompts = 8 // (data_ranks or processes)
-    argv = small_run_argv(
-        world, str(tmp_path / run), per_device_prompt_batch_size=prompts, per_device_train_batch_size=4 * prompts,
-        use_rm_server="false", use_rule_reward="true", loss_agg_mode="token-mean", max_steps=1, **changes,
-    )
-    return run_probe(FIRST_STEP_PROBE, tmp_path / f"{run}.json", [TINY_CONFIG, *argv], tmp_path / f"{run}_log", processes)
-
-
 @pytest.mark.slow
-def test_two_process_grpo_step_equals_one_process_on_the_same_global_batch(tiny_world, tmp_path):
+def test_two_process_grpo_step_equals_one_process_on_the_same_global_batch(tiny_world, tmp_path, one_process_first_step):
     """The first GRPO step's loss, gradient norm and rollout metrics: 2 ranks x 4 prompts (gradients averaged
     by data parallel) against 1 rank x 8 prompts. Rollouts are fixed (tests/probes/grpo_first_step.py).
     With token-mean every response token of the step weighs the same whichever rank holds it (verl's
     global token mean): the ranks hold different numbers of tokens, so a per-rank mean would differ."""
-    one = first_step(tiny_world, tmp_path, "single", processes=1)
+    one = one_process_first_step("grpo")
     two = first_step(tiny_world, tmp_path, "double", processes=2)
     rank_tokens = [json.loads((tmp_path / f"double.json.rank{rank}").read_text())["response_tokens"] for rank in (0, 1)]
     assert rank_tokens[0] != rank_tokens[1], rank_tokens  # so a mean of per-rank token means would differ
@@ -177,11 +176,11 @@ SHARDING = {"sharding": "stage1", "sharding_parallel_degree": 2}
 
 
 @pytest.mark.slow
-def test_sharding_stage1_grpo_step_equals_one_process_on_the_same_global_batch(tiny_world, tmp_path):
+def test_sharding_stage1_grpo_step_equals_one_process_on_the_same_global_batch(tiny_world, tmp_path, one_process_first_step):
     """Each sharding rank's optimizer updates half the parameters: gradients are reduced inside the
     optimizer step and the updated weights broadcast after it. Against 1 process on the same 8 prompts:
     the loss, the pre-clip gradient norm of the whole batch (not a rank's own), and the weights after the step."""
-    one = first_step(tiny_world, tmp_path, "single", processes=1)
+    one = one_process_first_step("grpo")
     two = first_step(tiny_world, tmp_path, "sharded", processes=2, **SHARDING)
     assert one["grad_norm"] > 1e-3 and 0 < one["accuracy"] < 1
     for key in ["loss/policy_avg", "grad_norm", "reward_mean", "accuracy"]:

@@ -15,9 +15,10 @@ import pytest
 from paddlenlp.transformers import AutoConfig, AutoModelForCausalLM
 
 from paddle_alignment.models.hf_layout import safetensors_files, save_hf_weights, weight_files
+from paddle_alignment.models.score_model import AutoModelForScore
 
-from helpers import REPO_ROOT, launch_two_processes, run_probe, small_run_argv
-from test_parallel import assert_resumed_run_ends_as_uninterrupted, first_step, optimizer_arrays, step_metrics
+from helpers import REPO_ROOT, RUN_FINETUNE, SFT_CONFIG, first_step, launch_two_processes, run_probe, small_run_argv, train_reward_model
+from test_parallel import assert_resumed_run_ends_as_uninterrupted, optimizer_arrays, step_metrics
 
 PROBES = os.path.join(REPO_ROOT, "tests", "probes")
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
@@ -36,11 +37,11 @@ def split_messages(log_dir):
     "algorithm, models",
     [("grpo", ["Qwen2ForCausalLM"]), ("ppo", ["Qwen2ForCausalLM", "Qwen2ForCausalLM", "Qwen2ForScore"])],
 )
-def test_tensor_parallel_step_equals_one_process(tiny_world, tmp_path, algorithm, models):
+def test_tensor_parallel_step_equals_one_process(tiny_world, tmp_path, one_process_first_step, algorithm, models):
     """The first step on fixed rollouts (tests/probes/grpo_first_step.py): both ranks of the TP group hold the
     whole batch and half of each split layer; the losses and gradient norms (policy, and critic for PPO)
     equal one process's."""
-    one = first_step(tiny_world, tmp_path, "one", processes=1, rl_algorithm=algorithm)
+    one = one_process_first_step(algorithm)
     two = first_step(tiny_world, tmp_path, "two", processes=2, data_ranks=1, rl_algorithm=algorithm, tensor_parallel_degree=2)
     assert [m.split()[0] for m in split_messages(tmp_path / "two_log")] == models  # the models are split, not copies
     keys = ["loss/policy_avg", "grad_norm", "entropy", "reward_mean"]
@@ -56,11 +57,11 @@ def test_tensor_parallel_step_equals_one_process(tiny_world, tmp_path, algorithm
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
-def test_tensor_parallel_by_data_parallel_step_equals_one_process(tiny_world, tmp_path, algorithm):
+def test_tensor_parallel_by_data_parallel_step_equals_one_process(tiny_world, tmp_path, one_process_first_step, algorithm):
     """TP2 x DP2 over 4 processes: each tensor-parallel pair holds half of the 8 prompts and half of each split
     layer, and averages its gradient parts with the other pair. The first step's losses, gradient norms and
     weights after the step equal one process's on the same 8 prompts (for PPO the critic's too)."""
-    one = first_step(tiny_world, tmp_path, "one", processes=1, rl_algorithm=algorithm)
+    one = one_process_first_step(algorithm)
     four = first_step(tiny_world, tmp_path, "four", processes=4, data_ranks=2, rl_algorithm=algorithm, tensor_parallel_degree=2)
     rank_tokens = [json.loads((tmp_path / f"four.json.rank{rank}").read_text())["response_tokens"] for rank in range(4)]
     assert rank_tokens[0] == rank_tokens[1] != rank_tokens[2] == rank_tokens[3], rank_tokens  # a batch per pair
@@ -99,6 +100,54 @@ def test_paddlenlp_qwen_layout_tensor_parallel_4_by_sharding_2_equals_one_proces
         assert eight[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
     names = sorted(one["weights"])
     np.testing.assert_allclose([eight["weights"][n] for n in names], [one["weights"][n] for n in names], rtol=1e-6, atol=1e-5)
+
+
+def test_reward_model_training_at_tensor_parallel_by_data_parallel_equals_data_parallel(tiny_world, tmp_path):
+    """run_reward at TP2 x DP2 (each tensor-parallel pair trains on its half of each batch of 64 pairs) against
+    plain data parallel over 2 processes on the same batches, 3 steps: the same eval metrics, and the saved
+    score model (written whole, as safetensors) equal weight for weight. (One process is not the reference:
+    paddlenlp's Trainer shuffles a single process's batches with another sampler.)"""
+    changes = {"max_steps": 3, "eval_steps": 3, "logging_steps": 1, "per_device_train_batch_size": 32}
+    two = train_reward_model(tiny_world, str(tmp_path / "two"), processes=2, **changes)
+    four = train_reward_model(tiny_world, str(tmp_path / "four"), processes=4, tensor_parallel_degree=2, **changes)
+    assert "Qwen2ForScore split over 2 tensor-parallel ranks" in (tmp_path / "four" / "log" / "workerlog.0").read_text()
+    for key in ("eval_accuracy", "eval_loss", "eval_reward_mean"):
+        assert four[key] == pytest.approx(two[key], rel=1e-5, abs=1e-6), key
+    trained = {run: dict(AutoModelForScore.from_pretrained(str(tmp_path / run)).named_parameters()) for run in ("two", "four")}
+    start = dict(AutoModelForScore.from_pretrained(tiny_world["model"], score_type="reward").named_parameters())
+    name = "qwen2.layers.0.self_attn.q_proj.weight"
+    assert not np.allclose(trained["two"][name].numpy(), start[name].numpy())  # 3 steps moved the weights
+    assert trained["four"].keys() == trained["two"].keys()
+    # Adam moves each weight by up to the learning rate (1e-3) a step whatever its gradient's size: where a
+    # gradient is near 0, the split reductions' rounding can turn its sign. So nearly every weight agrees to
+    # 1e-6, and the rest within the 3 steps' reach. The key biases' gradients are 0 but for rounding (a key
+    # bias shifts all of a query's logits alike): they are all noise, and only bounded.
+    for name, parameter in trained["two"].items():
+        difference = np.abs(trained["four"][name].numpy() - parameter.numpy())
+        assert difference.max() < 3 * 2e-3, name
+        assert name.endswith("k_proj.bias") or (difference > 1e-6).mean() < 1e-3, name
+
+
+def test_fine_tuning_at_tensor_parallel_by_data_parallel_equals_data_parallel(tiny_world, tmp_path):
+    """run_finetune at TP2 x DP2 against plain data parallel over 2 processes on the same batches, 3 steps from
+    the random model: the saved models (the split one written whole) give the same logits."""
+    values = {
+        "model_name_or_path": tiny_world["random_model"], "dataset_name_or_path": os.path.dirname(tiny_world["sft_train"]),
+        "max_steps": 3, "per_device_train_batch_size": 32, "logging_steps": 1,
+    }
+    for run, extra in (("two", {}), ("four", {"tensor_parallel_degree": 2})):
+        changes = {**values, **extra, "output_dir": tmp_path / run, "logging_dir": tmp_path / run / "vdl"}
+        argv = [token for key, value in changes.items() for token in (f"--{key}", str(value))]
+        launch_two_processes(SFT_CONFIG, argv, tmp_path / run / "log", script=RUN_FINETUNE, processes=4 if extra else 2)
+    assert "Qwen2ForCausalLM split over 2 tensor-parallel ranks" in (tmp_path / "four" / "log" / "workerlog.0").read_text()
+    tokens = paddle.to_tensor([[5, 17, 23, 9, 40, 2, 11, 30]], dtype="int64")
+    logits = {}
+    for run in ("two", "four", None):
+        model = AutoModelForCausalLM.from_pretrained(str(tmp_path / run) if run else tiny_world["random_model"])
+        model.eval()
+        logits[run] = model(input_ids=tokens, return_dict=True).logits.numpy()
+    assert np.abs(logits["two"] - logits[None]).max() > 1e-2  # 3 steps changed the model
+    np.testing.assert_allclose(logits["four"], logits["two"], rtol=1e-4, atol=1e-4)
 
 
 def copy_tokenizer_files(source, target):

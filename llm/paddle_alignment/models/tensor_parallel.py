@@ -92,7 +92,7 @@ def data_rank_groups():
 
 def broadcast_parameters_from_first_data_rank(model):
     """Give every data rank the parameters of the first, as paddle.DataParallel does when it wraps a model
-    (it does not wrap these, see PPOTrainer._wrap_model): each data rank draws from its own seed, so parts
+    (it does not wrap these, see split_training.py): each data rank draws from its own seed, so parts
     initialised at load (a critic's fresh score head) would otherwise differ between the model's copies."""
     for group in data_rank_groups():
         for bucket in buckets([local_value(p) for p in model.parameters()]):

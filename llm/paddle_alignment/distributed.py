@@ -128,7 +128,12 @@ def sum_over_data_ranks(tensor, what="batch statistics"):
     total = tensor.clone()
     with collective(f"the sum of the {what}"):
         dist.all_reduce(total)
-    return total / (dist.get_world_size() // data_parallel_rank_and_size()[1])
+    return total / copies_of_each_batch()
+
+
+def copies_of_each_batch():
+    """How many ranks hold each data rank's batch: its tensor- and pipeline-parallel ranks (1 without them)."""
+    return dist.get_world_size() // data_parallel_rank_and_size()[1]
 
 
 def mean_over_ranks(values, what="metrics"):

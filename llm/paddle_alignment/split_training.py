@@ -25,7 +25,8 @@ class SplitModelMixin:
     """For a paddlenlp Trainer subclass whose model the tensor-parallel plan may have split."""
 
     def _wrap_model(self, model, training=True):
-        if not is_tensor_parallel(model):
+        # paddlenlp leaves a model unwrapped for evaluation (training=False): nothing to copy then either.
+        if not training or not is_tensor_parallel(model):
             return super()._wrap_model(model, training)
         if self.do_grad_scaling:
             raise ValueError("fp16 loss scaling does not run with tensor_parallel_degree > 1: use bf16")

@@ -8,7 +8,7 @@ import paddle
 import paddle.distributed as dist
 from paddle import nn
 
-from paddle_alignment.distributed import data_parallel_rank_and_size, is_distributed
+from paddle_alignment.distributed import copies_of_each_batch, is_distributed
 from paddle_alignment.models.tensor_parallel import local_value
 
 
@@ -44,8 +44,7 @@ def batch_moments(values):
     gathered = []
     dist.all_gather(gathered, local)
     stats = paddle.stack(gathered)  # [world, 3, D]
-    copies = dist.get_world_size() // data_parallel_rank_and_size()[1]
-    return combine_moments(stats[:, 0, 0] / copies, stats[:, 1], stats[:, 2])
+    return combine_moments(stats[:, 0, 0] / copies_of_each_batch(), stats[:, 1], stats[:, 2])
 
 
 class Normalizer(nn.Layer):

@@ -6,16 +6,21 @@ fleet's own TP layers; a model split by the plan is already distributed tensors 
 under paddlenlp's AutoTrainer). What data parallel adds is done here instead: the first data rank's
 parameters on every data rank, gradients averaged over the data ranks before each optimizer step, the
 model saved whole, and what paddlenlp gathers over the ranks (the logged loss, evaluation outputs) taken
-from each rank's own value (gloo's collectives take plain tensors).
+from each rank's own value (gloo's collectives take plain tensors). Under sharding, the optimizer is
+sharded over the sharding ranks as fleet's stage 1 shards it (ShardedOptimizerStates).
 """
 
+import numpy as np
 import paddle
 from paddlenlp.trainer import TrainerCallback
 
 from paddle_alignment.checkpoints.saving import save_model
+from paddle_alignment.distributed import hybrid_communicate_group
+from paddle_alignment.fused_optimizer import gradient_norm
 from paddle_alignment.models.tensor_parallel import (
     average_gradients_over_data_ranks,
     broadcast_parameters_from_first_data_rank,
+    broadcast_parts,
     is_tensor_parallel,
     local_value,
 )
@@ -31,6 +36,7 @@ class SplitModelMixin:
         if self.do_grad_scaling:
             raise ValueError("fp16 loss scaling does not run with tensor_parallel_degree > 1: use bf16")
         broadcast_parameters_from_first_data_rank(model)
+        self.optimizer = shard_optimizer_states(self.optimizer)
         return model
 
     def save_model(self, output_dir=None, merge_tensor_parallel=False):
@@ -63,3 +69,76 @@ class AverageSplitGradients(TrainerCallback):
     def on_optimizer_begin(self, args, state, control, model=None, **kwargs):
         if is_tensor_parallel(model):
             average_gradients_over_data_ranks(model.parameters())
+
+
+def shard_optimizer_states(optimizer):
+    """`optimizer` as ShardedOptimizerStates over fleet's sharding group when the run shards over more than one
+    rank; else as it is."""
+    hcg = hybrid_communicate_group()
+    group = hcg.get_sharding_parallel_group() if hcg is not None else None
+    if optimizer is None or isinstance(optimizer, ShardedOptimizerStates) or group is None or group.nranks <= 1:
+        return optimizer
+    return ShardedOptimizerStates(optimizer, group)
+
+
+class ShardedOptimizerStates:
+    """Sharding stage 1 of a split model's optimizer over the sharding `group`, as fleet's
+    DygraphShardingOptimizer shards the models it wraps: each parameter belongs to one rank of the group
+    (dealt by size), whose optimizer alone steps it and keeps its states (AdamW's moments, master weights),
+    then sends it to the others. Every rank holds every gradient, averaged over the data ranks before the
+    step; the global-norm clip measures all of them, so each rank scales by a single process's factor.
+    Otherwise the optimizer it wraps, whose state dict holds the rank's own parameters' states."""
+
+    def __init__(self, optimizer, group):
+        if any(isinstance(entry, dict) for entry in optimizer._parameter_list):
+            raise ValueError("sharding with tensor_parallel_degree > 1 takes an optimizer without parameter groups")
+        self.optimizer, self.group = optimizer, group
+        self.parameters = list(optimizer._parameter_list)
+        self.owners = deal_by_size(self.parameters, group.nranks)
+        # (AdamW steps its _parameter_list, Paddle's other optimizers their _param_groups: one list)
+        optimizer._parameter_list = optimizer._param_groups = self.owned_by(group.rank)
+        if isinstance(optimizer._grad_clip, paddle.nn.ClipGradByGlobalNorm):
+            optimizer._grad_clip = ClipByNormOfAll(optimizer._grad_clip.clip_norm, self.parameters)
+
+    def owned_by(self, rank):
+        return [parameter for parameter, owner in zip(self.parameters, self.owners) if owner == rank]
+
+    def step(self):
+        self.optimizer.step()
+        for rank, source in enumerate(self.group.ranks):
+            broadcast_parts(self.owned_by(rank), source, self.group, "the stepped parameters' broadcast over the sharding ranks")
+
+    def clear_grad(self, set_to_zero=True):
+        for parameter in self.parameters:
+            parameter.clear_gradient(set_to_zero)
+
+    def __getattr__(self, name):
+        return getattr(self.optimizer, name)
+
+
+def deal_by_size(parameters, ranks):
+    """The owning rank of each of `parameters`: each in turn to the rank holding the fewest elements so far."""
+    held, owners = [0] * ranks, []
+    for parameter in parameters:
+        owner = held.index(min(held))
+        owners.append(owner)
+        held[owner] += local_value(parameter).size
+    return owners
+
+
+class ClipByNormOfAll(paddle.nn.ClipGradByGlobalNorm):
+    """Paddle's global-norm clip (float32 factor clip_norm / max(norm, clip_norm)) of the gradients a sharding
+    rank steps, by the norm of all of `parameters`' gradients rather than of those alone."""
+
+    def __init__(self, clip_norm, parameters):
+        super().__init__(clip_norm)
+        self.parameters = parameters
+
+    @paddle.no_grad()
+    def _dygraph_clip(self, params_grads):
+        norm, clip_norm = np.float32(gradient_norm(self.parameters)), np.float32(self.clip_norm)
+        if norm > clip_norm:
+            for parameter, grad in params_grads:
+                if grad is not None and getattr(parameter, "need_clip", True):
+                    local_value(grad).scale_(float(clip_norm / norm))
+        return params_grads

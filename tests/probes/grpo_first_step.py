@@ -6,8 +6,8 @@ Sampling draws different random numbers for a different batch layout, so the rol
 for each prompt the right sum and wrong ones, rewards that differ within every group. Everything after
 the rollout (rewards, log-probs, advantages, the update with data-parallel gradient synchronisation,
 metrics over ranks) is run_ppo's own. Rank 0 writes the step's metrics to METRICS.json, with a digest of the
-policy's weights after the step under "weights"; each rank its number of response tokens to
-METRICS.json.rankN.
+policy's weights after the step under "weights"; each rank its number of response tokens, and the elements
+of its parts of the policy's parameters and of its optimizer's states, to METRICS.json.rankN.
 """
 
 import json
@@ -23,8 +23,8 @@ configure_cpu_runtime()  # MKL's code path and threads for this CPU, before padd
 import paddle  # noqa: E402
 
 from llm.alignment.ppo import run_ppo  # noqa: E402
-from paddle_alignment.distributed import finish_distributed_run  # noqa: E402
-from paddle_alignment.models.tensor_parallel import whole  # noqa: E402
+from paddle_alignment.distributed import finish_distributed_run, hybrid_communicate_group  # noqa: E402
+from paddle_alignment.models.tensor_parallel import local_value, whole  # noqa: E402
 from paddle_alignment.rollout import ColocatedRollout, RolloutBatch  # noqa: E402
 from paddle_alignment.rollout.decode import left_pad, package_rollouts  # noqa: E402
 
@@ -69,11 +69,24 @@ def weight_digest(model):
     return digest
 
 
+def rank_holdings(trainer):
+    """The elements this rank holds of the policy's parameters and of its optimizer's states, its parameter
+    count, and its tensor-parallel rank."""
+    states = [state for per_parameter in trainer.optimizer._accumulators.values() for state in per_parameter.values()]
+    hcg = hybrid_communicate_group()
+    return {
+        "tensor_parallel_rank": hcg.get_model_parallel_rank() if hcg is not None else 0,
+        "parameter_elements": sum(int(local_value(p).size) for p in trainer.model.parameters()),
+        "parameters": len(trainer.model.parameters()),
+        "optimizer_state_elements": sum(int(local_value(state).size) for state in states),
+    }
+
+
 if __name__ == "__main__":
     trainer, exp, metrics = first_step_metrics(sys.argv[2:])
     weights = weight_digest(trainer.model)
     with open(f"{sys.argv[1]}.rank{paddle.distributed.get_rank()}", "w") as f:
-        json.dump({"response_tokens": float(exp.response_mask.sum())}, f)
+        json.dump({"response_tokens": float(exp.response_mask.sum())} | rank_holdings(trainer), f)
     if trainer.is_world_process_zero():
         with open(sys.argv[1], "w") as f:
             json.dump(metrics | {"weights": weights}, f)

@@ -848,9 +848,9 @@ def check_parallel_degrees(args, world_size, on_accelerator):
         )
     elif sharding and tensor_parallel > 1:
         logger.info(
-            f"sharding={args.sharding} with tensor_parallel_degree={tensor_parallel}: the {sharding_ranks} sharding ranks "
-            "train as data-parallel ranks, each keeping the whole optimizer state of its tensor-parallel part "
-            "(the same results as sharded states; their memory is not divided)"
+            f"sharding={args.sharding} with tensor_parallel_degree={tensor_parallel}: each of the {sharding_ranks} sharding "
+            "ranks steps and keeps the optimizer states of its share of its tensor-parallel part's parameters (stage 1"
+            + ("; stages 2 and 3, which would also divide gradients and parameters, run as stage 1 under tensor parallel)" if stages - {"stage1"} else ")")
         )
 
 

@@ -95,11 +95,16 @@ def broadcast_parameters_from_first_data_rank(model):
     (it does not wrap these, see split_training.py): each data rank draws from its own seed, so parts
     initialised at load (a critic's fresh score head) would otherwise differ between the model's copies."""
     for group in data_rank_groups():
-        for bucket in buckets([local_value(p) for p in model.parameters()]):
-            fused = paddle.concat([tensor.flatten() for tensor in bucket])
-            with collective("the broadcast of the parameters over the data ranks"):
-                dist.broadcast(fused, src=group.ranks[0], group=group)
-            write_back(bucket, fused)
+        broadcast_parts(model.parameters(), group.ranks[0], group, "the broadcast of the parameters over the data ranks")
+
+
+def broadcast_parts(tensors, source, group, what):
+    """This rank's parts of `tensors` replaced by global rank `source`'s (in `group`), in fused buckets."""
+    for bucket in buckets([local_value(tensor) for tensor in tensors]):
+        fused = paddle.concat([tensor.flatten() for tensor in bucket])
+        with collective(what):
+            dist.broadcast(fused, src=source, group=group)
+        write_back(bucket, fused)
 
 
 def average_gradients_over_data_ranks(parameters):

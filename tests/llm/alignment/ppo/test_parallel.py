@@ -73,10 +73,12 @@ def test_sft_and_reward_model_checkpoints_under_tensor_parallel_are_refused(chan
     refuse_checkpoints_under_tensor_parallel(SimpleNamespace(**{**vars(args), "tensor_parallel_degree": 1}), "reward-model training")
 
 
-def test_sharding_with_tensor_parallel_says_the_optimizer_states_are_not_divided():
+@pytest.mark.parametrize("stage, says", [("stage1", "(stage 1)"), ("stage2", "stages 2 and 3, which would also divide gradients")])
+def test_sharding_with_tensor_parallel_says_what_each_sharding_rank_keeps(stage, says):
     with paddlenlp_messages() as lines:
-        check_parallel_degrees(layout(tensor_parallel_degree=4, sharding="stage1", sharding_parallel_degree=2), 8, True)
-    assert any("the 2 sharding ranks train as data-parallel ranks" in line for line in lines), lines
+        check_parallel_degrees(layout(tensor_parallel_degree=4, sharding=stage, sharding_parallel_degree=2), 8, True)
+    kept = [line for line in lines if "each of the 2 sharding ranks steps and keeps the optimizer states of its share" in line]
+    assert len(kept) == 1 and says in kept[0], lines
 
 
 def test_sequence_parallel_and_one_rank_sharding_are_switched_off_with_a_log_line():
@@ -253,7 +255,7 @@ def test_sharding_run_restarted_after_a_crash_ends_exactly_as_the_uninterrupted_
     os.makedirs(crashed)
     shutil.copytree(output_dir / "checkpoint-2", crashed / "checkpoint-2")
     logs = launch_two_processes(TINY_CONFIG, sharded_argv(tiny_world, crashed), tmp_path / "log")
-    assert_resumed_run_ends_as_uninterrupted(logs[0], crashed, output_dir, straight_metrics, "shard")
+    assert_resumed_run_ends_as_uninterrupted(logs[0], crashed, output_dir, straight_metrics, ["shard00", "shard01"])
 
 
 @pytest.mark.slow
@@ -270,20 +272,20 @@ def test_a_stopped_peer_ends_the_run_naming_the_collective_and_the_rerun_resumes
         logs[0],
     ), logs[0][-3000:]
     logs = launch_two_processes(TINY_CONFIG, sharded_argv(tiny_world, tmp_path / "out"), tmp_path / "rerun_log")
-    assert_resumed_run_ends_as_uninterrupted(logs[0], tmp_path / "out", output_dir, straight_metrics, "shard")
+    assert_resumed_run_ends_as_uninterrupted(logs[0], tmp_path / "out", output_dir, straight_metrics, ["shard00", "shard01"])
 
 
-def assert_resumed_run_ends_as_uninterrupted(log, resumed_dir, straight_dir, straight_metrics, part):
+def assert_resumed_run_ends_as_uninterrupted(log, resumed_dir, straight_dir, straight_metrics, parts):
     """A run resumed from checkpoint-2 into `resumed_dir` (rank 0's worker `log`) against the uninterrupted run in
-    `straight_dir`: steps 3-4 logged the same metrics, and the final policy and both ranks' optimizer files
-    (optimizer.<part>0N.pdopt of checkpoint-4) are equal bit for bit."""
+    `straight_dir`: steps 3-4 logged the same metrics, and the final policy and the optimizer files of the
+    `parts` (optimizer.<part>.pdopt of checkpoint-4) are equal bit for bit."""
     assert f"resumed from {resumed_dir / 'checkpoint-2'} at step 2" in log
     assert step_metrics(log) == straight_metrics[2:]
     resumed, straight = (safetensors_arrays(out / "policy" / "model.safetensors") for out in (resumed_dir, straight_dir))
     for name, value in straight.items():
         np.testing.assert_array_equal(resumed[name], value, err_msg=name)
-    for rank in (0, 1):
-        name = f"checkpoint-4/optimizer.{part}0{rank}.pdopt"
+    for part in parts:
+        name = f"checkpoint-4/optimizer.{part}.pdopt"
         resumed_state, straight_state = optimizer_arrays(resumed_dir / name), optimizer_arrays(straight_dir / name)
         assert resumed_state.keys() == straight_state.keys()
         for key, value in straight_state.items():

@@ -81,9 +81,9 @@ def test_tensor_parallel_by_data_parallel_step_equals_one_process(tiny_world, tm
 
 def test_paddlenlp_qwen_layout_tensor_parallel_4_by_sharding_2_equals_one_process(tiny_world, tmp_path):
     """PaddleNLP's Qwen GRPO layout, TP4 x sharding stage 1 over 2, on 8 processes: a random model of the tiny
-    world's shape with 4 key-value heads (so that 4 divides them). The sharding ranks train as data-parallel
-    ranks with whole optimizer states (the log says so); the first step's loss, gradient norm and weights equal
-    one process's on the same 8 prompts."""
+    world's shape with 4 key-value heads (so that 4 divides them). The first step's loss, gradient norm and
+    weights equal one process's on the same 8 prompts, and the two sharding ranks of each tensor-parallel part
+    hold AdamW's states (two moments and two step powers per parameter) of half its parameters each."""
     config = AutoConfig.from_pretrained(tiny_world["model"])
     config.num_key_value_heads = config.num_attention_heads
     model_dir = str(tmp_path / "four_kv_heads")
@@ -94,12 +94,18 @@ def test_paddlenlp_qwen_layout_tensor_parallel_4_by_sharding_2_equals_one_proces
     eight = first_step(tiny_world, tmp_path, "eight", processes=8, data_ranks=2, actor_model_name_or_path=model_dir,
                        tensor_parallel_degree=4, sharding="stage1", sharding_parallel_degree=2)
     assert split_messages(tmp_path / "eight_log") == ["Qwen2ForCausalLM split over 4 tensor-parallel ranks: 14 layers, vocabulary whole on every rank"]
-    assert "the 2 sharding ranks train as data-parallel ranks" in (tmp_path / "eight_log" / "workerlog.0").read_text()
+    assert "each of the 2 sharding ranks steps and keeps the optimizer states" in (tmp_path / "eight_log" / "workerlog.0").read_text()
     assert one["grad_norm"] > 1e-3
     for key in ["loss/policy_avg", "grad_norm", "reward_mean"]:
         assert eight[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
     names = sorted(one["weights"])
     np.testing.assert_allclose([eight["weights"][n] for n in names], [one["weights"][n] for n in names], rtol=1e-6, atol=1e-5)
+    ranks = [json.loads((tmp_path / f"eight.json.rank{rank}").read_text()) for rank in range(8)]
+    for part in range(4):
+        pair = [rank for rank in ranks if rank["tensor_parallel_rank"] == part]
+        whole_states = 2 * pair[0]["parameter_elements"] + 2 * pair[0]["parameters"]
+        assert len(pair) == 2 and sum(rank["optimizer_state_elements"] for rank in pair) == whole_states
+        assert all(rank["optimizer_state_elements"] < 0.55 * whole_states for rank in pair), pair
 
 
 def test_reward_model_training_at_tensor_parallel_by_data_parallel_equals_data_parallel(tiny_world, tmp_path):
@@ -210,12 +216,12 @@ def test_tensor_parallel_by_data_parallel_greedy_rollout_equals_one_process(tiny
     assert [greedy[index] for index in range(16)] == one["greedy"]
 
 
-def tensor_parallel_argv(world, output_dir):
+def tensor_parallel_argv(world, output_dir, **changes):
     """The issue's command with `--tensor_parallel_degree 2` (config/tiny/grpo_argument.json, 4 prompts and 32
     completions per micro-batch) on the test world: 4 steps, a checkpoint every 2, no evaluation."""
     return small_run_argv(
         world, str(output_dir), use_rm_server="false", use_rule_reward="true", rollout_n=None, per_device_train_batch_size=32,
-        max_steps=4, save_steps=2, eval_datasets="", tensor_parallel_degree=2,
+        max_steps=4, save_steps=2, eval_datasets="", tensor_parallel_degree=2, **changes,
     )
 
 
@@ -253,23 +259,34 @@ def test_tensor_parallel_run_restarted_after_a_crash_ends_exactly_as_the_uninter
     crashed = tmp_path / "out"
     shutil.copytree(output_dir / "checkpoint-2", crashed / "checkpoint-2")
     logs = launch_two_processes(TINY_CONFIG, tensor_parallel_argv(tiny_world, crashed), tmp_path / "log")
-    assert_resumed_run_ends_as_uninterrupted(logs[0], crashed, output_dir, straight_metrics, "tp")
+    assert_resumed_run_ends_as_uninterrupted(logs[0], crashed, output_dir, straight_metrics, ["tp00", "tp01"])
     # The checkpoint's policy is safetensors: each rank read only its part of it (split_loading.py).
     assert f"loaded from {crashed / 'checkpoint-2' / 'policy'}: this rank read only its part" in logs[0]
 
 
-def test_tensor_parallel_by_data_parallel_run_resumes_exactly_and_saves_whole_models(tiny_world, tmp_path):
-    """TP2 x DP2 over 4 processes, 4 steps: policy/ is the whole model, loadable in one process; with only
-    checkpoint-2 left, as after a crash, the same command ends on the uninterrupted run's metrics, weights and
-    optimizer slices (one file per tensor-parallel rank), bit for bit."""
+@pytest.mark.parametrize("data_axis, parts", [
+    ({}, ["tp00", "tp01"]),
+    ({"sharding": "stage1", "sharding_parallel_degree": 2}, ["tp00_shard00", "tp01_shard00", "tp00_shard01", "tp01_shard01"]),
+], ids=["data_parallel", "sharding"])
+def test_tensor_parallel_by_data_parallel_run_resumes_exactly_and_saves_whole_models(tiny_world, tmp_path, data_axis, parts):
+    """TP2 x DP2, and TP2 x sharding stage 1 over 2, over 4 processes, 4 steps: policy/ is the whole model,
+    loadable in one process; with only checkpoint-2 left, as after a crash, the same command ends on the
+    uninterrupted run's metrics, weights and optimizer files bit for bit (one per tensor-parallel rank, or
+    under sharding one per rank, each with its own share of its part's states)."""
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
-    logs = launch_two_processes(TINY_CONFIG, tensor_parallel_argv(tiny_world, straight), tmp_path / "log", processes=4)
+    argv = {run: tensor_parallel_argv(tiny_world, run, **data_axis) for run in (straight, crashed)}
+    logs = launch_two_processes(TINY_CONFIG, argv[straight], tmp_path / "log", processes=4)
     full = dict(AutoModelForCausalLM.from_pretrained(tiny_world["model"]).named_parameters())
     saved = dict(AutoModelForCausalLM.from_pretrained(str(straight / "policy")).named_parameters())
     assert {name: p.shape for name, p in saved.items()} == {name: p.shape for name, p in full.items()}
+    assert sorted(path.name for path in (straight / "checkpoint-4").glob("optimizer*")) == sorted(f"optimizer.{part}.pdopt" for part in parts)
+    if data_axis:  # each sharding rank's file holds the states of its own share of its part's parameters
+        for tensor_parallel_rank in ("tp00", "tp01"):
+            shares = [set(optimizer_arrays(straight / "checkpoint-4" / f"optimizer.{tensor_parallel_rank}_shard0{rank}.pdopt")) for rank in (0, 1)]
+            assert all(shares) and not shares[0] & shares[1], shares
     shutil.copytree(straight / "checkpoint-2", crashed / "checkpoint-2")
-    resumed_logs = launch_two_processes(TINY_CONFIG, tensor_parallel_argv(tiny_world, crashed), tmp_path / "log_resumed", processes=4)
-    assert_resumed_run_ends_as_uninterrupted(resumed_logs[0], crashed, straight, step_metrics(logs[0]), "tp")
+    resumed_logs = launch_two_processes(TINY_CONFIG, argv[crashed], tmp_path / "log_resumed", processes=4)
+    assert_resumed_run_ends_as_uninterrupted(resumed_logs[0], crashed, straight, step_metrics(logs[0]), parts)
 
 
 def safetensors_copies(source, tmp_path):

@@ -24,5 +24,5 @@ setup(
     packages=["paddle_alignment"] + [f"paddle_alignment.{name}" for name in find_packages("llm/paddle_alignment")],
     python_requires=">=3.9",
     install_requires=requirements("requirements.txt"),
-    extras_require={"test": ["pytest==9.2.0"]},
+    extras_require={"test": ["pytest==9.2.0", "pytest-xdist==3.8.0"]},
 )

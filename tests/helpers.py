@@ -264,13 +264,14 @@ FIRST_STEP_PROBE = os.path.join(REPO_ROOT, "tests", "probes", "grpo_first_step.p
 
 
 def first_step(world, tmp_path, run, processes, data_ranks=None, **changes):
-    """The first GRPO step of the probe tests/probes/grpo_first_step.py on 8 prompts in all: in one process, or
-    launched over `processes`, the prompts split over the `data_ranks` (default: all); returns rank 0's
-    metrics (and weight digest). Worker logs go to tmp_path/<run>_log."""
+    """The first GRPO step (or `max_steps`) of the probe tests/probes/grpo_first_step.py on 8 prompts in all: in
+    one process, or launched over `processes`, the prompts split over the `data_ranks` (default: all); returns
+    rank 0's metrics (and weight digest). The final policy goes to tmp_path/<run>/policy, worker logs to
+    tmp_path/<run>_log."""
     prompts = 8 // (data_ranks or processes)
     argv = small_run_argv(
         world, str(tmp_path / run), per_device_prompt_batch_size=prompts, per_device_train_batch_size=4 * prompts,
-        use_rm_server="false", use_rule_reward="true", loss_agg_mode="token-mean", max_steps=1, **changes,
+        use_rm_server="false", use_rule_reward="true", loss_agg_mode="token-mean", **{"max_steps": 1, **changes},
     )
     return run_probe(FIRST_STEP_PROBE, tmp_path / f"{run}.json", [TINY_CONFIG, *argv], tmp_path / f"{run}_log", processes)
 

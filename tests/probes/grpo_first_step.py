@@ -1,12 +1,13 @@
-"""One GRPO step of run_ppo on fixed rollouts, alone or under `paddle.distributed.launch`:
+"""The first GRPO steps (`max_steps` of them) of run_ppo on fixed rollouts, alone or under
+`paddle.distributed.launch`:
 
     python tests/probes/grpo_first_step.py METRICS.json CONFIG.json [--key value ...]
 
 Sampling draws different random numbers for a different batch layout, so the rollouts are fixed instead:
 for each prompt the right sum and wrong ones, rewards that differ within every group. Everything after
 the rollout (rewards, log-probs, advantages, the update with data-parallel gradient synchronisation,
-metrics over ranks) is run_ppo's own. Rank 0 writes the step's metrics to METRICS.json, with a digest of the
-policy's weights after the step under "weights"; each rank its number of response tokens, and the elements
+metrics over ranks) is run_ppo's own, and so is the final policy it writes to output_dir/policy. Rank 0 writes
+the last step's metrics to METRICS.json, with a digest of the policy's weights after it under "weights"; each rank its number of response tokens, and the elements
 of its parts of the policy's parameters and of its optimizer's states, to METRICS.json.rankN.
 """
 
@@ -23,6 +24,7 @@ configure_cpu_runtime()  # MKL's code path and threads for this CPU, before padd
 import paddle  # noqa: E402
 
 from llm.alignment.ppo import run_ppo  # noqa: E402
+from paddle_alignment.checkpoints.saving import save_final_models  # noqa: E402
 from paddle_alignment.distributed import finish_distributed_run, hybrid_communicate_group  # noqa: E402
 from paddle_alignment.models.tensor_parallel import local_value, whole  # noqa: E402
 from paddle_alignment.rollout import ColocatedRollout, RolloutBatch  # noqa: E402
@@ -51,11 +53,16 @@ class FixedRollouts(ColocatedRollout):
         self.ready.append(RolloutBatch(exp, version, generation_seconds=0.0))
 
 
-def first_step_metrics(argv):
+def first_steps_metrics(argv):
+    """The trainer after `max_steps` steps on fixed rollouts, with its final models written; the last step's
+    experience and metrics."""
     trainer = run_ppo.build_trainer(argv)
     trainer.rollout = FixedRollouts(trainer.rollout_worker)
     trainer.prepare_training()
-    exp, metrics = trainer.rl_step(trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size))
+    batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size)
+    for _ in range(trainer.args.max_steps):
+        exp, metrics = trainer.advance(batches)
+    save_final_models(trainer)
     return trainer, exp, metrics
 
 
@@ -83,7 +90,7 @@ def rank_holdings(trainer):
 
 
 if __name__ == "__main__":
-    trainer, exp, metrics = first_step_metrics(sys.argv[2:])
+    trainer, exp, metrics = first_steps_metrics(sys.argv[2:])
     weights = weight_digest(trainer.model)
     with open(f"{sys.argv[1]}.rank{paddle.distributed.get_rank()}", "w") as f:
         json.dump({"response_tokens": float(exp.response_mask.sum())} | rank_holdings(trainer), f)

@@ -97,7 +97,7 @@ def fixed_step_metrics(world, tmp_path, **changes):
     import grpo_first_step
 
     argv = small_run_argv(world, str(tmp_path), use_rm_server="false", use_rule_reward="true", max_steps=1, **changes)
-    trainer, exp, metrics = grpo_first_step.first_step_metrics([TINY_CONFIG, *argv])
+    trainer, exp, metrics = grpo_first_step.first_steps_metrics([TINY_CONFIG, *argv])
     return exp, metrics, {name: p.numpy() for name, p in trainer.model.named_parameters()}
 
 

@@ -331,20 +331,21 @@ def test_each_rank_reads_only_its_part_of_a_safetensors_checkpoint(tiny_world, t
     assert logs[0].count("this rank read only its part") == 2 * len(folders)  # actor and critic of each folder
 
 
-def test_decoupled_rollout_serves_a_tensor_parallel_trainer(tiny_world, tmp_path):
-    """A TP2 trainer with a CPU sampler (rollout_mode decoupled, no staleness): each version is published
-    whole (the ranks gather it) and passes the weight-sync check; the group's first rank requests each batch
-    once and shares it, and every ratio pi_theta / pi_old of the single update per batch is 1, so the
-    sampler held exactly the policy the split trainer trains."""
+@pytest.mark.parametrize("processes", [2, 4], ids=["tp2", "tp2_by_dp2"])
+def test_decoupled_rollout_serves_a_tensor_parallel_trainer(tiny_world, tmp_path, processes):
+    """A TP2 trainer, alone or x DP2, with a CPU sampler (rollout_mode decoupled, no staleness): each version
+    is published whole (the ranks gather it) and passes the weight-sync check; each group's first rank
+    requests each of its batches once and shares it, and every ratio pi_theta / pi_old of the single update
+    per batch is 1, so the sampler held exactly the policy the split trainer trains."""
     output_dir = tmp_path / "out"
     argv = tensor_parallel_argv(tiny_world, output_dir) + [
         "--rollout_mode", "decoupled", "--max_staleness", "0", "--kl_loss_coeff", "0", "--max_steps", "3", "--save_steps", "0",
     ]
-    logs = launch_two_processes(TINY_CONFIG, argv, tmp_path / "log")
+    logs = launch_two_processes(TINY_CONFIG, argv, tmp_path / "log", processes=processes)
     steps = [{key: float(value) for key, value in m.items()} for m in step_metrics(logs[0])]
     assert [m["staleness"] for m in steps] == [0, 0, 0]
     for m in steps:
         assert abs(m["val/ratio"] - 1) < 1e-4 and m["val/ratio_var"] < 1e-8 and m["policy/clipfrac_avg"] == 0
     sampler_log = (output_dir / "rollout" / "sampler-0.log").read_text()
     assert sampler_log.count("loaded and checked policy version") == 3  # versions 0, 1 and 2
-    assert sampler_log.count("sampling ") == 3  # one request per step, not one per rank
+    assert sampler_log.count("sampling ") == 3 * processes // 2  # one request per step and group, not per rank

@@ -23,7 +23,7 @@ from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import Trainer, TrainingArguments, set_seed
 
 from paddle_alignment.checkpoints.folders import output_dir_claimed
-from paddle_alignment.config.arguments import parse_arguments, refuse_checkpoints_under_tensor_parallel
+from paddle_alignment.config.arguments import parse_arguments
 from paddle_alignment.data import IGNORE_INDEX, SupervisedDataset
 from paddle_alignment.distributed import finish_distributed_run
 from paddle_alignment.fused_optimizer import FusedOptimizerMixin
@@ -58,7 +58,6 @@ ARGUMENT_CLASSES = (FinetuneModelArgument, FinetuneDataArgument, TrainingArgumen
 
 def main(argv):
     model_args, data_args, training_args = parse_arguments(argv, ARGUMENT_CLASSES)
-    refuse_checkpoints_under_tensor_parallel(training_args, "fine-tuning")
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
     tokenizer = load_tokenizer(model_args.model_name_or_path)

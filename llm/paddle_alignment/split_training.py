@@ -6,23 +6,28 @@ fleet's own TP layers; a model split by the plan is already distributed tensors 
 under paddlenlp's AutoTrainer). What data parallel adds is done here instead: the first data rank's
 parameters on every data rank, gradients averaged over the data ranks before each optimizer step, the
 model saved whole, and what paddlenlp gathers over the ranks (the logged loss, evaluation outputs) taken
-from each rank's own value (gloo's collectives take plain tensors). Under sharding, the optimizer is
-sharded over the sharding ranks as fleet's stage 1 shards it (ShardedOptimizerStates).
+from each rank's own value (gloo's collectives take plain tensors). The optimizer (SplitOptimizer) saves
+and loads this rank's parts of its states, so that paddlenlp's checkpoints and run_ppo's resume at the same
+layout, and under sharding divides them over the sharding ranks as fleet's stage 1 does.
 """
 
 import numpy as np
 import paddle
 from paddlenlp.trainer import TrainerCallback
+from paddlenlp.trainer.trainer_utils import get_last_checkpoint
 
 from paddle_alignment.checkpoints.saving import save_model
 from paddle_alignment.distributed import hybrid_communicate_group
 from paddle_alignment.fused_optimizer import gradient_norm
+from paddle_alignment.models.split_loading import load_into
 from paddle_alignment.models.tensor_parallel import (
     average_gradients_over_data_ranks,
     broadcast_parameters_from_first_data_rank,
     broadcast_parts,
     is_tensor_parallel,
+    local_state,
     local_value,
+    set_local_state,
 )
 
 
@@ -36,8 +41,18 @@ class SplitModelMixin:
         if self.do_grad_scaling:
             raise ValueError("fp16 loss scaling does not run with tensor_parallel_degree > 1: use bf16")
         broadcast_parameters_from_first_data_rank(model)
-        self.optimizer = shard_optimizer_states(self.optimizer)
+        if self.optimizer is not None and not isinstance(self.optimizer, SplitOptimizer):
+            self.optimizer = SplitOptimizer(self.optimizer, sharding_group())
         return model
+
+    def _load_from_checkpoint(self, resume_from_checkpoint=None):
+        """paddlenlp's resume of the model's weights, except that a split model reads its parts of the whole
+        safetensors save_model wrote into the checkpoint."""
+        if not resume_from_checkpoint or not is_tensor_parallel(self.model):
+            return super()._load_from_checkpoint(resume_from_checkpoint)
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+        load_into(self.model, resume_from_checkpoint)
 
     def save_model(self, output_dir=None, merge_tensor_parallel=False):
         """paddlenlp's save, except that a split model is gathered and written whole, as safetensors, by rank
@@ -71,29 +86,31 @@ class AverageSplitGradients(TrainerCallback):
             average_gradients_over_data_ranks(model.parameters())
 
 
-def shard_optimizer_states(optimizer):
-    """`optimizer` as ShardedOptimizerStates over fleet's sharding group when the run shards over more than one
-    rank; else as it is."""
+def sharding_group():
+    """fleet's sharding group when the run shards over more than one rank, else None."""
     hcg = hybrid_communicate_group()
     group = hcg.get_sharding_parallel_group() if hcg is not None else None
-    if optimizer is None or isinstance(optimizer, ShardedOptimizerStates) or group is None or group.nranks <= 1:
-        return optimizer
-    return ShardedOptimizerStates(optimizer, group)
+    return group if group is not None and group.nranks > 1 else None
 
 
-class ShardedOptimizerStates:
-    """Sharding stage 1 of a split model's optimizer over the sharding `group`, as fleet's
-    DygraphShardingOptimizer shards the models it wraps: each parameter belongs to one rank of the group
-    (dealt by size), whose optimizer alone steps it and keeps its states (AdamW's moments, master weights),
-    then sends it to the others. Every rank holds every gradient, averaged over the data ranks before the
-    step; the global-norm clip measures all of them, so each rank scales by a single process's factor.
-    Otherwise the optimizer it wraps, whose state dict holds the rank's own parameters' states."""
+class SplitOptimizer:
+    """The optimizer of a split model, as paddlenlp's Trainer and run_ppo use it.
 
-    def __init__(self, optimizer, group):
+    Its state dict holds this rank's parts of the states, as plain tensors (what paddle.save writes and
+    gloo broadcasts), and loads back into accumulators split like their parameters. With a sharding
+    `group`, it is sharding stage 1, as fleet's DygraphShardingOptimizer shards the models it wraps: each
+    parameter belongs to one rank of the group (dealt by size), whose optimizer alone steps it and keeps its
+    states (AdamW's moments, master weights), then sends it to the others. Every rank holds every gradient,
+    averaged over the data ranks before the step; the global-norm clip measures all of them, so each rank
+    scales by a single process's factor."""
+
+    def __init__(self, optimizer, group=None):
         if any(isinstance(entry, dict) for entry in optimizer._parameter_list):
-            raise ValueError("sharding with tensor_parallel_degree > 1 takes an optimizer without parameter groups")
+            raise ValueError("tensor_parallel_degree > 1 takes an optimizer without parameter groups")
         self.optimizer, self.group = optimizer, group
         self.parameters = list(optimizer._parameter_list)
+        if group is None:
+            return
         self.owners = deal_by_size(self.parameters, group.nranks)
         # (AdamW steps its _parameter_list, Paddle's other optimizers their _param_groups: one list)
         optimizer._parameter_list = optimizer._param_groups = self.owned_by(group.rank)
@@ -105,12 +122,20 @@ class ShardedOptimizerStates:
 
     def step(self):
         self.optimizer.step()
+        if self.group is None:
+            return
         for rank, source in enumerate(self.group.ranks):
             broadcast_parts(self.owned_by(rank), source, self.group, "the stepped parameters' broadcast over the sharding ranks")
 
     def clear_grad(self, set_to_zero=True):
         for parameter in self.parameters:
             parameter.clear_gradient(set_to_zero)
+
+    def state_dict(self):
+        return local_state(self.optimizer.state_dict())
+
+    def set_state_dict(self, state):
+        set_local_state(self.optimizer, state)
 
     def __getattr__(self, name):
         return getattr(self.optimizer, name)

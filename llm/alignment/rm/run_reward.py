@@ -27,7 +27,6 @@ from paddle_alignment.config.arguments import (
     ModelKernelArguments,
     check_launch_layout,
     parse_arguments,
-    refuse_checkpoints_under_tensor_parallel,
     runs_on_accelerator,
 )
 from llm.alignment.rm.reward_trainer import RewardTrainer
@@ -66,7 +65,6 @@ class RewardTrainingArguments(ModelKernelArguments, TrainingArguments):
 
     def __post_init__(self):
         check_launch_layout(self)
-        refuse_checkpoints_under_tensor_parallel(self, "reward-model training")
         self.switch_off_gpu_kernels(runs_on_accelerator(self))
         super().__post_init__()
         if self.loss_type not in PAIRWISE_LOSSES.names():

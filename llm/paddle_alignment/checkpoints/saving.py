@@ -43,7 +43,7 @@ from paddle_alignment import watchdog
 from paddle_alignment.distributed import collective, is_distributed
 from paddle_alignment.models.hf_layout import save_hf_folder
 from paddle_alignment.models.lora_utils import is_lora, merged_state_dict
-from paddle_alignment.models.tensor_parallel import complete_state_dict, is_tensor_parallel, local_state, set_local_state
+from paddle_alignment.models.tensor_parallel import complete_state_dict, is_tensor_parallel
 from paddle_alignment.rewards.judge import check_judge_record, save_judge_record
 from paddle_alignment.rollout import RolloutBatch
 
@@ -149,18 +149,13 @@ def writes_optimizer_part(args):
 
 def save_optimizer_state(optimizer, model, folder, name, args):
     """This rank's part of `optimizer`'s state, keyed by parameter paths, to `folder`/optimizer_file(name)
-    (under tensor parallel, this rank's slices of the split moments)."""
+    (under tensor parallel, this rank's slices of the split moments: split_training.SplitOptimizer)."""
     if writes_optimizer_part(args):
-        state = local_state(optimizer_state_by_structured_name(optimizer, model))
-        paddle.save(state, os.path.join(folder, optimizer_file(name, args)))
+        paddle.save(optimizer_state_by_structured_name(optimizer, model), os.path.join(folder, optimizer_file(name, args)))
 
 
 def load_optimizer_state(optimizer, model, folder, name, args):
-    state = optimizer_state_by_parameter_name(paddle.load(os.path.join(folder, optimizer_file(name, args))), model)
-    if is_tensor_parallel(model):
-        set_local_state(optimizer, state)
-    else:
-        optimizer.set_state_dict(state)
+    optimizer.set_state_dict(optimizer_state_by_parameter_name(paddle.load(os.path.join(folder, optimizer_file(name, args))), model))
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------

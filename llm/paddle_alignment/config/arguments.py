@@ -854,26 +854,6 @@ def check_parallel_degrees(args, world_size, on_accelerator):
         )
 
 
-def refuse_checkpoints_under_tensor_parallel(args, stage):
-    """SFT and reward-model training (paddlenlp's Trainer) save the final model whole at any layout, but its
-    checkpoints in between hold the optimizer as fleet's TP layers keep it; with models split by the
-    tensor-parallel plan they are not written or resumed yet (run_ppo's own checkpoints are)."""
-    if args.tensor_parallel_degree <= 1:
-        return
-    layout = f"tensor_parallel_degree={args.tensor_parallel_degree}"
-    strategy = getattr(args.save_strategy, "value", args.save_strategy)
-    if strategy != "no":
-        raise ValueError(
-            f"{layout} with save_strategy={strategy!r}: {stage} under tensor parallel saves its final model only, "
-            'no checkpoints in between; set save_strategy "no"'
-        )
-    if args.resume_from_checkpoint:
-        raise ValueError(
-            f"{layout} with resume_from_checkpoint={args.resume_from_checkpoint!r}: {stage} under tensor parallel "
-            "does not resume checkpoints; start from a saved model (model_name_or_path)"
-        )
-
-
 def check_launch_layout(args):
     """`check_parallel_degrees` for this launch (its process count, whether it runs on an accelerator), after
     refusing pipeline parallel, which neither the RL loop nor reward-model training drives yet."""

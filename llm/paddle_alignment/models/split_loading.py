@@ -17,7 +17,15 @@ from paddle.distributed.auto_parallel.api import dtensor_from_local
 from paddlenlp.utils.log import logger
 from safetensors import safe_open
 
-from paddle_alignment.models.hf_layout import build_model, by_file, initialize_fresh_parts, is_transposed, tensor_index, weight_files
+from paddle_alignment.models.hf_layout import (
+    build_model,
+    by_file,
+    initialize_fresh_parts,
+    is_transposed,
+    safetensors_files,
+    tensor_index,
+    weight_files,
+)
 from paddle_alignment.models.tensor_parallel import shard_model
 
 
@@ -37,16 +45,32 @@ def load_split(folder, class_for_config, options, degree, paths, hf_layout):
     index = tensor_index(folder, paths, model, hf_layout)
     initialize_fresh_parts(model, index)
     model = shard_model(model, degree)
-    targets = model.state_dict()
-    for path, entries in by_file(index):
-        with safe_open(path, framework="paddle") as f:
-            for name, key in entries:
-                fill_part(targets[name], f.get_slice(key), name, f"{key} of {path}", hf_layout)
+    fill_from_files(model, index, hf_layout)
     if degree > 1:
         logger.info(f"{type(model).__name__} loaded from {folder}: this rank read only its part of the split tensors")
     else:
         logger.info(f"loaded {type(model).__name__} from the {'Hugging Face' if hf_layout else 'paddlenlp'}-layout folder {folder}")
     return model
+
+
+def load_into(model, folder):
+    """Give `model`, built and split already (a trainer's model resuming a checkpoint), the weights of the
+    safetensors `folder` (save_model's), each rank reading only its slices."""
+    found = safetensors_files(folder)
+    if not found:
+        raise ValueError(f"{folder} holds no safetensors weights to resume {type(model).__name__} from")
+    paths, hf_layout = found
+    fill_from_files(model, tensor_index(folder, paths, model, hf_layout), hf_layout)
+    logger.info(f"{type(model).__name__} resumed from {folder}: this rank read only its part of the split tensors")
+
+
+def fill_from_files(model, index, hf_layout):
+    """Each parameter of `model` that `index` (tensor_index) names, from this rank's part of its tensor."""
+    targets = model.state_dict()
+    for path, entries in by_file(index):
+        with safe_open(path, framework="paddle") as f:
+            for name, key in entries:
+                fill_part(targets[name], f.get_slice(key), name, f"{key} of {path}", hf_layout)
 
 
 def fill_part(target, file_slice, name, where, hf_layout):

@@ -16,7 +16,7 @@ from paddlenlp.transformers import AutoModelForCausalLM
 from safetensors import safe_open
 
 from helpers import FROZEN_RUN, REPO_ROOT, first_step, launch_two, launch_two_processes, numpy_gae, paddlenlp_messages, parse, small_run_argv
-from paddle_alignment.config.arguments import check_parallel_degrees, refuse_checkpoints_under_tensor_parallel
+from paddle_alignment.config.arguments import check_parallel_degrees
 
 PROBES = os.path.join(REPO_ROOT, "tests", "probes")
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
@@ -59,18 +59,6 @@ def test_parallel_layouts_of_eight_gpus_pass(changes):
 def test_inconsistent_parallel_degrees_fail_naming_the_keys(changes, world, message):
     with pytest.raises(ValueError, match=message):
         check_parallel_degrees(layout(**changes), world_size=world, on_accelerator=True)
-
-
-@pytest.mark.parametrize("changes, message", [
-    ({"save_strategy": "steps"}, "save_strategy='steps': reward-model training under tensor parallel saves its final model only"),
-    ({"save_strategy": "no", "resume_from_checkpoint": "out/checkpoint-2"},
-     "resume_from_checkpoint='out/checkpoint-2': reward-model training under tensor parallel does not resume checkpoints"),
-])
-def test_sft_and_reward_model_checkpoints_under_tensor_parallel_are_refused(changes, message):
-    args = SimpleNamespace(**{"tensor_parallel_degree": 2, "resume_from_checkpoint": None, **changes})
-    with pytest.raises(ValueError, match=re.escape(message)):
-        refuse_checkpoints_under_tensor_parallel(args, "reward-model training")
-    refuse_checkpoints_under_tensor_parallel(SimpleNamespace(**{**vars(args), "tensor_parallel_degree": 1}), "reward-model training")
 
 
 @pytest.mark.parametrize("stage, says", [("stage1", "(stage 1)"), ("stage2", "stages 2 and 3, which would also divide gradients")])

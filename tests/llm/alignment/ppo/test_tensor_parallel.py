@@ -139,6 +139,31 @@ def test_reward_model_training_at_tensor_parallel_by_data_parallel_equals_data_p
         assert name.endswith("k_proj.bias") or (difference > 1e-6).mean() < 1e-3, name
 
 
+def test_reward_model_training_at_tensor_parallel_by_data_parallel_resumes_its_checkpoint_exactly(tiny_world, tmp_path):
+    """run_reward at TP2 x DP2, 4 steps and paddlenlp's checkpoints every 2 (the score model written whole,
+    each tensor-parallel rank's parts of the optimizer states in its file): with only checkpoint-2 left, as
+    after a crash, the resumed run writes the uninterrupted run's final model and last optimizer files, bit for
+    bit, each rank having read only its parts of the checkpoint's model."""
+    changes = {"max_steps": 4, "save_strategy": "steps", "save_steps": 2, "eval_steps": 4, "per_device_train_batch_size": 32,
+               "tensor_parallel_degree": 2}
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    train_reward_model(tiny_world, str(straight), processes=4, **changes)
+    assert sorted(path.name for path in (straight / "checkpoint-4").glob("optimizer*")) == ["optimizer.tp00.pdopt", "optimizer.tp01.pdopt"]
+    shutil.copytree(straight / "checkpoint-2", crashed / "checkpoint-2")
+    train_reward_model(tiny_world, str(crashed), processes=4, resume_from_checkpoint=crashed / "checkpoint-2", **changes)
+    assert f"Qwen2ForScore resumed from {crashed / 'checkpoint-2'}: this rank read only its part" in (crashed / "log" / "workerlog.0").read_text()
+    resumed, uninterrupted = (safetensors_arrays(run / "model.safetensors") for run in (crashed, straight))
+    assert resumed.keys() == uninterrupted.keys()
+    for name, value in uninterrupted.items():
+        np.testing.assert_array_equal(resumed[name], value, err_msg=name)
+    for part in ("tp00", "tp01"):
+        name = f"checkpoint-4/optimizer.{part}.pdopt"
+        resumed_state, straight_state = optimizer_arrays(crashed / name), optimizer_arrays(straight / name)
+        assert resumed_state.keys() == straight_state.keys()
+        for key, value in straight_state.items():
+            np.testing.assert_array_equal(resumed_state[key], value, err_msg=f"{name} {key}")
+
+
 def test_fine_tuning_at_tensor_parallel_by_data_parallel_equals_data_parallel(tiny_world, tmp_path):
     """run_finetune at TP2 x DP2 against plain data parallel over 2 processes on the same batches, 3 steps from
     the random model: the saved models (the split one written whole) give the same logits."""

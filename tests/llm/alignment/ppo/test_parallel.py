@@ -181,7 +181,9 @@ def test_sharding_stage1_grpo_step_equals_one_process_on_the_same_global_batch(t
     # Every parameter moved, on whichever rank its optimizer part sits: an unmoved one gives the same float64
     # sum exactly, while a norm weight with a tiny gradient moves its sum by only a few 1e-6.
     assert min(moved) > 1e-9
-    np.testing.assert_allclose([two["weights"][n] for n in names], [one["weights"][n] for n in names], rtol=1e-7, atol=1e-6)
+    # (1e-6 relative, as every layout's step: the sums of absolute values of a step's weights differ by up to
+    # 9.7e-7 relative between the two layouts' reduction orders, on the tiny world a worker of the suite builds)
+    np.testing.assert_allclose([two["weights"][n] for n in names], [one["weights"][n] for n in names], rtol=1e-6, atol=1e-5)
 
 
 def sharded_argv(world, output_dir, **changes):

@@ -173,7 +173,9 @@ def test_kk_megabyte_adversarial_response_is_fast(task, response):
     tgt = "(1) Zoey is a knight\n(2) Ann is a knave\n(3) Anna is a knight"
     start = time.perf_counter()
     score = kk(response, tgt, task=task)
-    assert time.perf_counter() - start < 0.5
+    # A linear scan takes at most 0.3 s here, alone (the suite's other worker may slow it twofold); the
+    # quadratic scans these inputs once provoked took tens of seconds.
+    assert time.perf_counter() - start < 2.0
     assert score in (-3.0, -1.0)
 
 

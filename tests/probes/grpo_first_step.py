@@ -7,8 +7,9 @@ Sampling draws different random numbers for a different batch layout, so the rol
 for each prompt the right sum and wrong ones, rewards that differ within every group. Everything after
 the rollout (rewards, log-probs, advantages, the update with data-parallel gradient synchronisation,
 metrics over ranks) is run_ppo's own, and so is the final policy it writes to output_dir/policy. Rank 0 writes
-the last step's metrics to METRICS.json, with a digest of the policy's weights after it under "weights"; each rank its number of response tokens, and the elements
-of its parts of the policy's parameters and of its optimizer's states, to METRICS.json.rankN.
+the last step's metrics to METRICS.json, with a digest of the policy's weights after it under "weights"; each
+rank its number of response tokens, and the elements of its parts of the policy's parameters and of its
+optimizer's states, to METRICS.json.rankN.
 """
 
 import json

@@ -17,7 +17,8 @@ rollout (sampling + rule reward), reference (reference and old log-prob passes, 
 
 With `-- --rollout_mode decoupled` a sampler process samples, scores and computes the reference and
 behaviour log-probs of the next batches while the trainer updates: "rollout" is then the trainer's wait
-for a batch and "sampling" the sampler's generation time (overlapped with the update).
+for a batch and "sampling" the sampler's generation time (overlapped with the update), and a line
+gives the trainer's side of the weight-sync check per step (the probe's forward, within "other").
 """
 
 import argparse
@@ -37,6 +38,7 @@ from llm.alignment.ppo.run_ppo import build_trainer  # noqa: E402
 from llm.tools.build_tiny_model import build_tiny_model  # noqa: E402
 from llm.tools.build_tokenizer import build_tokenizer  # noqa: E402
 from llm.tools.gen_arith import generate  # noqa: E402
+from paddle_alignment.rollout import sync_check  # noqa: E402
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
@@ -74,6 +76,16 @@ def time_phases(trainer):
     for name in PHASES:
         owner = trainer.rollout_worker if name in WORKER_METHODS else trainer
         setattr(owner, name, timed(name, getattr(owner, name)))
+    record = sync_check.record
+
+    def timed_record(worker):  # the weight-sync check's side in the trainer (decoupled rollout), within its phase
+        started = time.perf_counter()
+        try:
+            return record(worker)
+        finally:
+            sampling["sync check"] += time.perf_counter() - started
+
+    sync_check.record = timed_record
     return seconds, sampling
 
 
@@ -131,6 +143,8 @@ def main():
     print(f"{args.steps} steps of {completions // args.steps} completions in {seconds:.2f}s ({seconds / args.steps:.3f} s/step)")
     split = ", ".join(f"{name} {1000 * value / args.steps:.0f} ms" for name, value in phases.items() if value or name != "values")
     print(f"per step: {split} (rollout: sampling {1000 * sampling['sampling'] / args.steps:.0f} ms + rule reward)")
+    if sampling["sync check"]:
+        print(f"weight-sync check, the trainer's side: {1000 * sampling['sync check'] / args.steps:.2f} ms a step")
     print(f"completions_per_s={completions / seconds:.1f}")
 
 

@@ -24,7 +24,9 @@ Entry points call `configure_cpu_runtime()` before they import paddle. A value t
 environment is never changed. `PADDLE_ALIGNMENT_CPU_RUNTIME=off` turns all of it off.
 """
 
+import contextlib
 import ctypes
+import functools
 import glob
 import os
 
@@ -148,13 +150,41 @@ def openmp_workers_sleep_when_idle():
     spinning for 200 ms (Intel OpenMP's KMP_BLOCKTIME), so that another process can use the cores they leave
     between matrix products. Paddle's CPU wheel ships Intel OpenMP as libs/libiomp5.so; returns False where
     this paddle has none (its OpenMP then keeps its own waiting policy)."""
+    library = paddle_library("libiomp5*.so*")
+    if library is None:
+        return False
+    ctypes.CDLL(library).kmp_set_blocktime(0)  # the library paddle loaded: same handle, same runtime
+    return True
+
+
+def paddle_library(pattern):
+    """The path of a library of Paddle's CPU wheel (its libs/ folder) matching `pattern`, or None."""
     import paddle
 
-    libraries = glob.glob(os.path.join(os.path.dirname(paddle.__file__), "libs", "libiomp5*.so*"))
-    if not libraries:
-        return False
-    ctypes.CDLL(libraries[0]).kmp_set_blocktime(0)  # the library paddle loaded: same handle, same runtime
-    return True
+    found = glob.glob(os.path.join(os.path.dirname(paddle.__file__), "libs", pattern))
+    return found[0] if found else None
+
+
+@contextlib.contextmanager
+def mkl_single_thread():
+    """Run this thread's MKL products inside the block on one thread (MKL's thread-local setting), for work
+    too small to pay for waking MKL's other threads. Does nothing where Paddle has no libmklml_intel."""
+    mkl = mklml()
+    if mkl is None:
+        yield
+        return
+    previous = mkl.MKL_Set_Num_Threads_Local(1)
+    try:
+        yield
+    finally:
+        mkl.MKL_Set_Num_Threads_Local(previous)
+
+
+@functools.lru_cache(maxsize=None)
+def mklml():
+    """Paddle's MKL (the instance its ops and the custom ops use: dlopen of a loaded library returns it), or None."""
+    path = paddle_library("libmklml_intel.so")
+    return ctypes.CDLL(path) if path else None
 
 
 def run_at_idle_priority():

@@ -10,23 +10,29 @@ trained parameter against the value the file holds, each frozen one against the 
 That catches weights that never reached the model that samples (verl #7495: a LoRA adapter that never
 reached the engine, taken for staleness for months), a stale or partial load, and a sampler whose frozen
 weights differ from the trainer's, each of which otherwise only bends the curves. Its cost per version is
-the two probe forwards: nothing is digested or compared while the log-probs agree.
+the two probe forwards: nothing is digested or compared while the log-probs agree. Where the native decoder op
+runs the policy (a float32 CPU model), the probe is one call of it with inputs made once per model (on one
+MKL thread for a small model: NativeProbe); elsewhere it is the micro-batch pass of the behaviour log-probs
+(`RolloutWorker.batch_logprobs`). Both sides take the same path, since they run the same config.
 """
 
+import contextlib
 import weakref
 from functools import lru_cache
 
 import numpy as np
 import paddle
 
+from paddle_alignment.cpu_runtime import mkl_single_thread
 from paddle_alignment.experience import Experience
 from paddle_alignment.models.native_forward import NativeDecoder
 from paddle_alignment.rollout.weights import host_array, trained_state
 
-PROBE_ROWS, PROBE_PROMPT_TOKENS, PROBE_RESPONSE_TOKENS = 2, 4, 4
+PROBE_ROWS, PROBE_PROMPT_TOKENS, PROBE_RESPONSE_TOKENS = 1, 4, 4
 PROBE_SEED = 20261125
 DIGEST_CHUNK = 1 << 20  # values converted to float64 at a time: no float64 copy of a whole embedding
 FROZEN_DIGESTS = weakref.WeakKeyDictionary()  # the trainer's policy -> its frozen parameters' digest
+NATIVE_PROBES = weakref.WeakKeyDictionary()  # a policy -> the native op's probe inputs (NativeProbe)
 
 
 @lru_cache(maxsize=None)
@@ -46,11 +52,44 @@ def probe_batch(vocab_size):
 
 
 def probe_logprobs(worker):
-    """[PROBE_ROWS, PROBE_RESPONSE_TOKENS] float32: `worker.policy`'s log-probs of the probe, in one forward."""
+    """[PROBE_ROWS, PROBE_RESPONSE_TOKENS] float32: `worker.policy`'s log-probs of the probe at the sampling
+    temperature, in one forward."""
     policy = worker.policy
+    probe = probe_batch(policy.config.vocab_size)
     with worker.offload.on_device("train_model"):
-        logprobs = worker.batch_logprobs(policy, NativeDecoder.for_model(policy), probe_batch(policy.config.vocab_size))
-    return logprobs.numpy().astype("float32")
+        native = NativeDecoder.for_model(policy)
+        if native is None:
+            return worker.batch_logprobs(policy, None, probe).numpy().astype("float32")
+        if policy not in NATIVE_PROBES:
+            NATIVE_PROBES[policy] = NativeProbe(native, probe.input_ids)
+        return NATIVE_PROBES[policy].logprobs(native, worker.sampling.temperature)
+
+
+class NativeProbe:
+    """The probe through the native decoder op: its inputs (positions, mask, cache, rotary tables), made once
+    per model, and the log-softmax of the logits it returns, in float64 on the host. On a model under
+    SMALL_MODEL_PARAMETERS the probe's products are too small for MKL's second thread to pay for its
+    wake-up, and they run on one: beside a busy sampler, two threads doubled the trainer's side
+    (docs/decoupled_rollout.md)."""
+
+    SMALL_MODEL_PARAMETERS = 1 << 24
+
+    def __init__(self, native, input_ids):
+        rows, length = input_ids.shape
+        self.inputs = (input_ids, paddle.tile(paddle.arange(length, dtype="int64")[None], [rows, 1]),
+                       paddle.ones([rows, length], dtype="int64"), native.new_cache(rows, length),
+                       native.rope_tables(length))
+        self.labels = input_ids.numpy()[:, PROBE_PROMPT_TOKENS:]
+        self.one_thread = sum(w.numel().item() for w in native.weights) < self.SMALL_MODEL_PARAMETERS
+
+    def logprobs(self, native, temperature):
+        length = self.inputs[0].shape[1]
+        with mkl_single_thread() if self.one_thread else contextlib.nullcontext():
+            logits = native(*self.inputs, 0, PROBE_PROMPT_TOKENS - 1, length - 1).numpy()
+        logits = logits.astype("float64") / temperature
+        peak = logits.max(axis=-1, keepdims=True)
+        log_normalizer = peak[..., 0] + np.log(np.exp(logits - peak).sum(axis=-1))
+        return (np.take_along_axis(logits, self.labels[..., None], axis=-1)[..., 0] - log_normalizer).astype("float32")
 
 
 def frozen_parameters(model, trained):

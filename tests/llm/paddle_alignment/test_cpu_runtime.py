@@ -178,6 +178,21 @@ def test_openmp_workers_sleep_at_once_and_a_process_can_run_at_idle_priority():
     assert result.stdout.split()[-3:] == ["200", "0", "True"]  # Intel OpenMP's default 200 ms of spinning, then none
 
 
+def test_mkl_runs_one_thread_inside_the_single_thread_block_and_its_own_setting_after():
+    script = (
+        "import paddle\n"
+        "from paddle_alignment.cpu_runtime import mkl_single_thread, mklml\n"
+        "mkl = mklml()\n"
+        "mkl.MKL_Set_Num_Threads_Local(2)\n"
+        "with mkl_single_thread():\n"
+        "    inside = mkl.MKL_Get_Max_Threads()\n"
+        "print(inside, mkl.MKL_Get_Max_Threads())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-2:] == ["1", "2"]
+
+
 MALLOC_PROBE = """
 import ctypes, os
 from paddle_alignment.cpu_runtime import configure_cpu_runtime

@@ -387,6 +387,21 @@ def test_every_weight_sync_is_checked_against_the_trainers_log_probs(tiny_world,
         sampler.update_weights(folder, 2, 1, lambda: True, "rollout sampler 0 (cpu)")
 
 
+def test_the_native_probe_gives_the_log_probs_of_the_models_own_forward(tiny_world, tmp_path):
+    """The probe through the native op (its inputs made once, its log-softmax on the host) equals the model's own
+    forward through the behaviour log-prob pass, at the sampling temperature, call after call."""
+    built_paddlenlp_ops(ROLLOUT_OPS)
+    trainer, _ = sync_pair(tiny_world, tmp_path)
+    policy = trainer.policy
+    with paddle.no_grad():
+        expected = trainer.batch_logprobs(policy, None, sync_check.probe_batch(policy.config.vocab_size)).numpy()
+        probes = [sync_check.probe_logprobs(trainer) for _ in range(2)]
+    assert policy in sync_check.NATIVE_PROBES and expected.shape == (sync_check.PROBE_ROWS, sync_check.PROBE_RESPONSE_TOKENS)
+    for probe in probes:
+        np.testing.assert_allclose(probe, expected, rtol=0, atol=1e-5)
+    assert np.abs(expected).min() > 1e-3  # real log-probs of random tokens, not zeros
+
+
 def test_a_frozen_parameter_that_differs_is_named_against_the_trainers_digest(tiny_world, tmp_path):
     """A parameter the trainer does not train (a LoRA policy's base weights) is not published: the sampler's own
     copy of it is compared with the digest the trainer recorded once."""

@@ -14,8 +14,8 @@ layout, and under sharding divides them over the sharding ranks as fleet's stage
 import numpy as np
 import paddle
 from paddlenlp.trainer import TrainerCallback
-from paddlenlp.trainer.trainer_utils import get_last_checkpoint
 
+from paddle_alignment.checkpoints.folders import checkpoint_to_resume
 from paddle_alignment.checkpoints.saving import save_model
 from paddle_alignment.distributed import hybrid_communicate_group
 from paddle_alignment.fused_optimizer import gradient_norm
@@ -50,8 +50,8 @@ class SplitModelMixin:
         safetensors save_model wrote into the checkpoint."""
         if not resume_from_checkpoint or not is_tensor_parallel(self.model):
             return super()._load_from_checkpoint(resume_from_checkpoint)
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+        if resume_from_checkpoint is True:  # from Python: the command line's `true` is resolved before (folders.py)
+            resume_from_checkpoint = checkpoint_to_resume(self.args.output_dir)
         load_into(self.model, resume_from_checkpoint)
 
     def save_model(self, output_dir=None, merge_tensor_parallel=False):

@@ -168,6 +168,15 @@ def last_complete_checkpoint(output_dir):
     return folders[max(complete)] if complete else None
 
 
+def checkpoint_to_resume(output_dir):
+    """What `resume_from_checkpoint true` resumes from: the last complete checkpoint in `output_dir`, which
+    must hold one."""
+    last = last_complete_checkpoint(output_dir)
+    if last is None:
+        raise FileNotFoundError(f"resume_from_checkpoint true: output_dir {output_dir} holds no complete checkpoint")
+    return last
+
+
 def resolve_resume_checkpoint(args, training):
     """Decide once, before any model loads, which checkpoint a run continues from, and set
     `args.resume_from_checkpoint` to its path or None (PaddleNLP's run_finetune convention):
@@ -193,9 +202,7 @@ def resolve_resume_checkpoint(args, training):
         return None
     if requested is not None and not auto:
         return requested
-    last = last_complete_checkpoint(args.output_dir)
-    if last is None and auto:
-        raise FileNotFoundError(f"resume_from_checkpoint true: output_dir {args.output_dir} holds no complete checkpoint")
+    last = checkpoint_to_resume(args.output_dir) if auto else last_complete_checkpoint(args.output_dir)
     if last is not None:
         logger.info(f"resuming from {last}, the last checkpoint in output_dir; set overwrite_output_dir true to start afresh")
     args.resume_from_checkpoint = last

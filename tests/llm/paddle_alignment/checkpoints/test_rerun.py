@@ -16,6 +16,7 @@ from paddlenlp.utils.log import logger
 
 from helpers import REPO_ROOT, SFT_CONFIG, run_grpo, train_reward_model, weights
 from llm import run_finetune
+from paddle_alignment import split_training
 from paddle_alignment.checkpoints.folders import last_complete_checkpoint, resolve_resume_checkpoint, rotate_checkpoints
 
 # Small runs: a checkpoint every step, no evaluation, a learning rate that does not depend on max_steps.
@@ -182,6 +183,23 @@ def test_resume_from_checkpoint_true_picks_the_last_complete_checkpoint(tmp_path
     with pytest.raises(ValueError, match="overwrite_output_dir starts afresh"):
         resolve_resume_checkpoint(args, training=True)
     assert last_complete_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-10")
+
+
+def test_a_split_model_resumed_with_true_reads_the_last_complete_checkpoint(tmp_path, monkeypatch):
+    """SplitModelMixin (tensor-parallel RM/SFT trainers) given resume_from_checkpoint=True from Python reads its
+    slices from the last checkpoint holding a trainer state, not from a stray higher folder."""
+    for name in ["checkpoint-3", "checkpoint-7"]:
+        os.makedirs(tmp_path / name)
+    (tmp_path / "checkpoint-3" / "trainer_state.json").write_text("{}")
+    read = []
+    monkeypatch.setattr(split_training, "is_tensor_parallel", lambda model: True)
+    monkeypatch.setattr(split_training, "load_into", lambda model, folder: read.append(folder))
+    trainer = SimpleNamespace(model=None, args=SimpleNamespace(output_dir=str(tmp_path)))
+    split_training.SplitModelMixin._load_from_checkpoint(trainer, True)
+    assert read == [str(tmp_path / "checkpoint-3")]
+    os.remove(tmp_path / "checkpoint-3" / "trainer_state.json")
+    with pytest.raises(FileNotFoundError, match=re.escape(f"output_dir {tmp_path} holds no complete checkpoint")):
+        split_training.SplitModelMixin._load_from_checkpoint(trainer, True)
 
 
 def test_rotation_keeps_the_checkpoint_just_written_beside_a_stale_higher_one(tmp_path):

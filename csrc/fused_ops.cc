@@ -285,8 +285,8 @@ FUSED_CPU_CLONES void TokenLogprobRows(const float* logits, const int64_t* label
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = logits + r * vocab;
     float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-    for (int64_t j = 0; j < vocab; ++j) m = std::max(m, x[j] / temperature);
+#pragma omp simd reduction(max : m)  // (a comparison, which GCC vectorises, where std::max stays scalar)
+    for (int64_t j = 0; j < vocab; ++j) m = x[j] / temperature > m ? x[j] / temperature : m;
     float s = 0.0f, t = 0.0f;
 #pragma omp simd reduction(+ : s, t)
     for (int64_t j = 0; j < vocab; ++j) {

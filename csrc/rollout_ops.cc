@@ -101,11 +101,37 @@ FUSED_CPU_CLONES void ScaledExp(const float* logits, int64_t vocab, float invers
   for (int64_t v = 0; v < vocab; ++v) probs[v] = fused::Exp(logits[v] * inverse_temperature - max_scaled);
 }
 
-// The sum of the probabilities >= threshold, in double.
-double MassAtLeast(const float* probs, int64_t vocab, float threshold) {
+// The sum of the probabilities >= threshold, in double, vectorised.
+FUSED_CPU_CLONES double MassAtLeast(const float* probs, int64_t count, float threshold) {
   double mass = 0.0;
-  for (int64_t v = 0; v < vocab; ++v) mass += probs[v] >= threshold ? probs[v] : 0.0;
+#pragma omp simd reduction(+ : mass)
+  for (int64_t v = 0; v < count; ++v) mass += probs[v] >= threshold ? probs[v] : 0.0f;
   return mass;
+}
+
+// The draw walks the kept mass in token order a block at a time: block sums first, then one block's
+// tokens, instead of one dependent double addition per token of the vocabulary.
+constexpr int64_t kMassBlock = 1024;
+
+// MassAtLeast of each block of kMassBlock tokens into `blocks`; returns their sum, the kept mass.
+double BlockMasses(const float* probs, int64_t vocab, float threshold, std::vector<double>* blocks) {
+  blocks->resize((vocab + kMassBlock - 1) / kMassBlock);
+  double total = 0.0;
+  for (size_t b = 0; b < blocks->size(); ++b) {
+    const int64_t start = static_cast<int64_t>(b) * kMassBlock;
+    (*blocks)[b] = MassAtLeast(probs + start, std::min(kMassBlock, vocab - start), threshold);
+    total += (*blocks)[b];
+  }
+  return total;
+}
+
+// The largest logit, vectorised (the maximum does not depend on the order of the comparisons; GCC
+// vectorises this comparison, not std::max).
+FUSED_CPU_CLONES float MaxLogit(const float* logits, int64_t vocab) {
+  float largest = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : largest)
+  for (int64_t v = 0; v < vocab; ++v) largest = logits[v] > largest ? logits[v] : largest;
+  return largest;
 }
 
 // The k-th largest of `probs` (0 < k <= vocab), in linear time: a selection, not a sort.
@@ -152,33 +178,36 @@ float TopPThreshold(const std::vector<float>& probs, float floor, double target,
   return floor;
 }
 
-// The smallest probability kept by top-k then top-p, over unnormalised probabilities `probs`, and the
-// mass of the kept tokens. Every token whose probability is >= the threshold stays (ties at the
-// boundary all stay). With top_k 0 and top_p 1 (the RL default) nothing is ordered at all.
-std::pair<float, double> KeepThreshold(const std::vector<float>& probs, int64_t top_k, float top_p,
-                                       std::vector<float>* scratch) {
+// The smallest probability kept by top-k then top-p, over unnormalised probabilities `probs`. Every token
+// whose probability is >= the threshold stays (ties at the boundary all stay). With top_k 0 and top_p 1
+// (the RL default) nothing is ordered at all.
+float KeepThreshold(const std::vector<float>& probs, int64_t top_k, float top_p, std::vector<float>* scratch) {
   const int64_t vocab = static_cast<int64_t>(probs.size());
-  float threshold = top_k > 0 && top_k < vocab ? KthLargest(probs, top_k, scratch) : 0.0f;
-  double kept_mass = MassAtLeast(probs.data(), vocab, threshold);
-  if (top_p < 1.0f) {
-    threshold = TopPThreshold(probs, threshold, static_cast<double>(top_p) * kept_mass, scratch);
-    kept_mass = MassAtLeast(probs.data(), vocab, threshold);
-  }
-  return {threshold, kept_mass};
+  const float threshold = top_k > 0 && top_k < vocab ? KthLargest(probs, top_k, scratch) : 0.0f;
+  if (top_p >= 1.0f) return threshold;
+  const double top_k_mass = MassAtLeast(probs.data(), vocab, threshold);
+  return TopPThreshold(probs, threshold, static_cast<double>(top_p) * top_k_mass, scratch);
 }
 
 int64_t SampleRowCPU(const float* logits, int64_t vocab, float temperature, int64_t top_k, float top_p,
-                     double uniform, std::vector<float>* probs, std::vector<float>* scratch) {
-  int64_t best = std::max_element(logits, logits + vocab) - logits;
+                     double uniform, std::vector<float>* probs, std::vector<float>* scratch,
+                     std::vector<double>* blocks) {
+  const float largest = MaxLogit(logits, vocab);
+  const int64_t best = std::find(logits, logits + vocab, largest) - logits;  // the first of equal maxima
+  if (best == vocab) return 0;  // every logit NaN: nothing to sample from (the first token, as ever)
   if (temperature <= 0.0f || top_k == 1) return best;
   probs->resize(vocab);
-  ScaledExp(logits, vocab, 1.0f / temperature, logits[best] / temperature, probs->data());
-  const auto [threshold, kept_mass] = KeepThreshold(*probs, top_k, top_p, scratch);
-  // Inverse CDF in token order over the kept tokens.
+  ScaledExp(logits, vocab, 1.0f / temperature, largest / temperature, probs->data());
+  const float threshold = KeepThreshold(*probs, top_k, top_p, scratch);
+  // Inverse CDF in token order over the kept tokens: the block where the kept mass passes the target,
+  // then its tokens one by one (and the next blocks', should rounding leave the target past its end).
   const float* p = probs->data();
-  double target = uniform * kept_mass, cumulative = 0.0;
+  const double target = uniform * BlockMasses(p, vocab, threshold, blocks);
+  double cumulative = 0.0;
+  size_t block = 0;
+  while (block + 1 < blocks->size() && cumulative + (*blocks)[block] <= target) cumulative += (*blocks)[block++];
   int64_t last_kept = best;
-  for (int64_t v = 0; v < vocab; ++v) {
+  for (int64_t v = static_cast<int64_t>(block) * kMassBlock; v < vocab; ++v) {
     if (p[v] < threshold || p[v] <= 0.0f) continue;
     cumulative += p[v];
     last_kept = v;
@@ -207,11 +236,12 @@ std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits, const paddle::T
   const float* data = logits.data<float>();
   int64_t* out = tokens.data<int64_t>();
   std::vector<float> probs, scratch;
+  std::vector<double> blocks;
   for (int64_t b = 0; b < rows; ++b) {
     double u = rollout::uniform01(static_cast<uint64_t>(seed), static_cast<uint64_t>(row_ids.data<int64_t>()[b]),
                                   static_cast<uint64_t>(step_idx.data<int64_t>()[b]));
     out[b] = SampleRowCPU(data + b * vocab, vocab, temperature.data<float>()[b], top_k.data<int64_t>()[b],
-                          top_p.data<float>()[b], u, &probs, &scratch);
+                          top_p.data<float>()[b], u, &probs, &scratch, &blocks);
   }
   return {tokens};
 }

@@ -105,8 +105,7 @@ FUSED_CPU_CLONES void Probabilities(float* row, int64_t keys, float top, float i
 
 // A masked score row -> its probabilities in place; returns (top, 1 / sum of exponentials).
 FUSED_CPU_CLONES void Softmax(float* row, int64_t keys, float* stats) {
-  float top = -INFINITY;
-  for (int64_t j = 0; j < keys; ++j) top = std::max(top, row[j]);
+  const float top = fused::RowMax(row, keys);
   float total = 0.0f;
 #pragma omp simd reduction(+ : total)
   for (int64_t j = 0; j < keys; ++j) {

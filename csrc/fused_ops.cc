@@ -284,9 +284,7 @@ FUSED_CPU_CLONES void TokenLogprobRows(const float* logits, const int64_t* label
                                        int64_t vocab, float* logprobs, float* entropy, float* lse) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = logits + r * vocab;
-    float m = -INFINITY;
-#pragma omp simd reduction(max : m)  // (a comparison, which GCC vectorises, where std::max stays scalar)
-    for (int64_t j = 0; j < vocab; ++j) m = x[j] / temperature > m ? x[j] / temperature : m;
+    const float m = fused::RowMax(x, vocab) / temperature;  // = max z: division by temperature > 0 keeps order
     float s = 0.0f, t = 0.0f;
 #pragma omp simd reduction(+ : s, t)
     for (int64_t j = 0; j < vocab; ++j) {

@@ -125,14 +125,7 @@ double BlockMasses(const float* probs, int64_t vocab, float threshold, std::vect
   return total;
 }
 
-// The largest logit, vectorised (the maximum does not depend on the order of the comparisons; GCC
-// vectorises this comparison, not std::max).
-FUSED_CPU_CLONES float MaxLogit(const float* logits, int64_t vocab) {
-  float largest = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : largest)
-  for (int64_t v = 0; v < vocab; ++v) largest = logits[v] > largest ? logits[v] : largest;
-  return largest;
-}
+FUSED_CPU_CLONES float MaxLogit(const float* logits, int64_t vocab) { return fused::RowMax(logits, vocab); }
 
 // The k-th largest of `probs` (0 < k <= vocab), in linear time: a selection, not a sort.
 float KthLargest(const std::vector<float>& probs, int64_t k, std::vector<float>* scratch) {

@@ -56,4 +56,16 @@ FUSED_HOST_DEVICE void SwigluGrad(float gate, float up, float grad, float* grad_
   *grad_up = grad * gate * s;
 }
 
+#if !defined(__CUDACC__)
+// The largest of x[0, n) (-inf for none; NaNs passed over), vectorised in the caller's loop: GCC vectorises
+// this comparison under an omp simd max reduction, where it keeps std::max scalar. The order of the
+// comparisons does not change a maximum.
+inline __attribute__((always_inline)) float RowMax(const float* x, int64_t n) {
+  float top = -__builtin_inff();
+#pragma omp simd reduction(max : top)
+  for (int64_t j = 0; j < n; ++j) top = x[j] > top ? x[j] : top;
+  return top;
+}
+#endif
+
 }  // namespace fused

@@ -33,6 +33,13 @@ flags\t\t: fpu vme sse sse2 avx fma avx2 bmi2
 INTEL = AMD.replace("AuthenticAMD", "GenuineIntel").replace("AMD EPYC", "Intel(R) Xeon(R)")
 OLD_AMD = AMD.replace(" avx2", "")
 
+def printed_words(script, env=None):
+    """The words a fresh Python running `script` (in the repository) printed; it must succeed."""
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.split()
+
+
 ENTRY_POINTS = [
     "llm/alignment/ppo/run_ppo.py",
     "llm/alignment/rm/run_reward.py",
@@ -111,9 +118,7 @@ def test_a_second_call_after_paddle_loaded_keeps_the_threads():
         "import paddle\nassert os.environ['OMP_NUM_THREADS'] == '1'\nassert configure_cpu_runtime() == first\n"
         "print(os.environ.get('MKL_NUM_THREADS'))"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split()[-1] == recommended_settings(read_cpuinfo(), usable_cpus())["MKL_NUM_THREADS"]
+    assert printed_words(code, env)[-1] == recommended_settings(read_cpuinfo(), usable_cpus())["MKL_NUM_THREADS"]
 
 
 def test_threads_never_below_one():
@@ -173,9 +178,7 @@ def test_openmp_workers_sleep_at_once_and_a_process_can_run_at_idle_priority():
         "run_at_idle_priority()\n"
         "print(before, iomp.kmp_get_blocktime(), os.sched_getscheduler(0) == os.SCHED_IDLE)\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split()[-3:] == ["200", "0", "True"]  # Intel OpenMP's default 200 ms of spinning, then none
+    assert printed_words(script)[-3:] == ["200", "0", "True"]  # Intel OpenMP's default 200 ms of spinning, then none
 
 
 def test_mkl_runs_one_thread_inside_the_single_thread_block_and_its_own_setting_after():
@@ -188,9 +191,7 @@ def test_mkl_runs_one_thread_inside_the_single_thread_block_and_its_own_setting_
         "    inside = mkl.MKL_Get_Max_Threads()\n"
         "print(inside, mkl.MKL_Get_Max_Threads())\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split()[-2:] == ["1", "2"]
+    assert printed_words(script)[-2:] == ["1", "2"]
 
 
 MALLOC_PROBE = """
@@ -220,9 +221,7 @@ def test_freed_tensor_memory_stays_with_the_process(switch):
     # tensors do not fault their pages in again; glibc's defaults map it from the kernel and unmap it.
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env["PADDLE_ALIGNMENT_CPU_RUNTIME"] = switch
-    result = subprocess.run([sys.executable, "-c", MALLOC_PROBE], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr[-3000:]
-    mapped_mib, heap_mib = map(int, result.stdout.split())
+    mapped_mib, heap_mib = map(int, printed_words(MALLOC_PROBE, env))
     if switch == "on":
         assert mapped_mib == 0 and heap_mib >= 24
     else:

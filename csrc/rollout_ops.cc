@@ -125,6 +125,7 @@ double BlockMasses(const float* probs, int64_t vocab, float threshold, std::vect
   return total;
 }
 
+// (A cloned function of its own, so that RowMax is compiled for AVX2 where the CPU has it.)
 FUSED_CPU_CLONES float MaxLogit(const float* logits, int64_t vocab) { return fused::RowMax(logits, vocab); }
 
 // The k-th largest of `probs` (0 < k <= vocab), in linear time: a selection, not a sort.

@@ -25,6 +25,7 @@ import paddle
 
 from paddle_alignment.cpu_runtime import mkl_single_thread
 from paddle_alignment.experience import Experience
+from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
 from paddle_alignment.models.native_forward import NativeDecoder
 from paddle_alignment.rollout.weights import host_array, trained_state
 
@@ -67,9 +68,9 @@ def probe_logprobs(worker):
 
 class NativeProbe:
     """The probe through the native decoder op: its inputs (positions, mask, cache, rotary tables), made once
-    per model, and the log-softmax of the logits it returns, in float64 on the host. On a model under
-    SMALL_MODEL_PARAMETERS the probe's products are too small for MKL's second thread to pay for its
-    wake-up, and they run on one: beside a busy sampler, two threads doubled the trainer's side
+    per model, and the log-probs of the logits it returns (the trainer's token_logprobs_and_entropy). On a
+    model under SMALL_MODEL_PARAMETERS the probe's products are too small for MKL's second thread to pay for
+    its wake-up, and they run on one: beside a busy sampler, two threads doubled the trainer's side
     (docs/decoupled_rollout.md)."""
 
     SMALL_MODEL_PARAMETERS = 1 << 24
@@ -79,17 +80,14 @@ class NativeProbe:
         self.inputs = (input_ids, paddle.tile(paddle.arange(length, dtype="int64")[None], [rows, 1]),
                        paddle.ones([rows, length], dtype="int64"), native.new_cache(rows, length),
                        native.rope_tables(length))
-        self.labels = input_ids.numpy()[:, PROBE_PROMPT_TOKENS:]
+        self.labels = input_ids[:, PROBE_PROMPT_TOKENS:]
         self.one_thread = sum(w.numel().item() for w in native.weights) < self.SMALL_MODEL_PARAMETERS
 
     def logprobs(self, native, temperature):
         length = self.inputs[0].shape[1]
         with mkl_single_thread() if self.one_thread else contextlib.nullcontext():
-            logits = native(*self.inputs, 0, PROBE_PROMPT_TOKENS - 1, length - 1).numpy()
-        logits = logits.astype("float64") / temperature
-        peak = logits.max(axis=-1, keepdims=True)
-        log_normalizer = peak[..., 0] + np.log(np.exp(logits - peak).sum(axis=-1))
-        return (np.take_along_axis(logits, self.labels[..., None], axis=-1)[..., 0] - log_normalizer).astype("float32")
+            logits = native(*self.inputs, 0, PROBE_PROMPT_TOKENS - 1, length - 1)
+        return token_logprobs_and_entropy(logits, self.labels, temperature)[0].numpy()
 
 
 def frozen_parameters(model, trained):

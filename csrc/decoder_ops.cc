@@ -122,9 +122,11 @@ void ProjectQkv(const Layer& w, const Dims& d, const Cache& cache, int64_t l, in
     }
   }
   const float beta = bias ? 1.0f : 0.0f;
-  mkl::MatMulColumns(normed, w.q, q, qkv, width, n, q, d.hidden, beta);
-  mkl::MatMulColumns(normed, w.k, kv, qkv + q, width, n, kv, d.hidden, beta);
-  mkl::MatMulColumns(normed, w.v, kv, qkv + q + kv, width, n, kv, d.hidden, beta);
+  mkl::ColumnProducts projections(n);
+  projections.Add(normed, w.q, q, qkv, width, q, d.hidden, beta);
+  projections.Add(normed, w.k, kv, qkv + q, width, kv, d.hidden, beta);
+  projections.Add(normed, w.v, kv, qkv + q + kv, width, kv, d.hidden, beta);
+  projections.Run();
   for (int64_t b = 0; b < d.batch; ++b) {
     for (int64_t s = 0; s < d.seq; ++s) {
       float* row = qkv + (b * d.seq + s) * width;
@@ -341,9 +343,10 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
     mkl::MatMul(attn.data(), w.o, hidden.data(), n, d.hidden, d.q_width(), 1.0f);  // the residual add: beta = 1
     fused::RmsNormRows(hidden.data(), nullptr, w.post_norm, epsilon, n, d.hidden, normed.data(), nullptr,
                        nullptr);
-    mkl::MatMulColumns(normed.data(), w.gate, w.gate_up_ld, gate_up.data(), 2 * d.inner, n, d.inner, d.hidden, 0.0f);
-    mkl::MatMulColumns(normed.data(), w.up, w.gate_up_ld, gate_up.data() + d.inner, 2 * d.inner, n, d.inner, d.hidden,
-                       0.0f);
+    mkl::ColumnProducts gate_and_up(n);
+    gate_and_up.Add(normed.data(), w.gate, w.gate_up_ld, gate_up.data(), 2 * d.inner, d.inner, d.hidden, 0.0f);
+    gate_and_up.Add(normed.data(), w.up, w.gate_up_ld, gate_up.data() + d.inner, 2 * d.inner, d.inner, d.hidden, 0.0f);
+    gate_and_up.Run();
     SwigluRows(gate_up.data(), n, d.inner, act.data());
     mkl::MatMul(act.data(), w.down, hidden.data(), n, d.hidden, d.inner, 1.0f);
   }

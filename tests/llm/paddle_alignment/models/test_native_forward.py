@@ -14,6 +14,7 @@ from paddlenlp.peft import LoRAConfig, LoRAModel
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from helpers import REPO_ROOT, built_paddlenlp_ops
+from paddle_alignment.cpu_runtime import mkl_single_thread, mklml
 from paddle_alignment.algos.token_stats import gather_logprobs, position_ids_from_mask, tempered_logits
 from paddle_alignment.experience import Experience
 from paddle_alignment.models import native_forward
@@ -118,6 +119,28 @@ def test_decode_loop_matches_the_eager_decoder(ops, architecture, tied, monkeypa
     assert native and not eager_native
     np.testing.assert_array_equal(tokens, eager_tokens)
     np.testing.assert_allclose(logits, eager_logits, **TOLERANCE)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"fuse_attention_ffn": True}], ids=["separate-ffn", "fused-ffn"])
+def test_few_row_products_cut_across_mkl_threads_equal_whole_ones(ops, overrides):
+    """The decode step's products of few rows run as column slices, one per MKL thread (csrc/common/mkl_gemm.h,
+    uneven slices of the untied head's 97 columns included): on two threads they give what one thread's whole
+    products give."""
+    model = tiny_model("qwen2", **overrides)
+    prompt_ids, prompt_mask = padded_batch([6, 2, 4], 6, [0, 0, 0], 0)
+    mkl = mklml()
+    previous = mkl.MKL_Set_Num_Threads_Local(2)
+    try:
+        assert mkl.MKL_Get_Max_Threads() == 2
+        with paddle.no_grad():
+            tokens, logits, native = decode(model, prompt_ids, prompt_mask, steps=6)
+            with mkl_single_thread():
+                whole_tokens, whole_logits, _ = decode(model, prompt_ids, prompt_mask, steps=6)
+    finally:
+        mkl.MKL_Set_Num_Threads_Local(previous)
+    assert native
+    np.testing.assert_array_equal(tokens, whole_tokens)
+    np.testing.assert_allclose(logits, whole_logits, **TOLERANCE)
 
 
 def test_decode_after_long_prompts_matches_the_eager_decoder(ops, monkeypatch):

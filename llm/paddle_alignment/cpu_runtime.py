@@ -166,14 +166,15 @@ def paddle_library(pattern):
 
 
 @contextlib.contextmanager
-def mkl_single_thread():
-    """Run this thread's MKL products inside the block on one thread (MKL's thread-local setting), for work
-    too small to pay for waking MKL's other threads. Does nothing where Paddle has no libmklml_intel."""
+def mkl_local_threads(count):
+    """Run this thread's MKL products inside the block on `count` threads (MKL's thread-local setting; 1 for work
+    too small to pay for waking MKL's other threads), the thread's own setting restored after. Does nothing
+    where Paddle has no libmklml_intel."""
     mkl = mklml()
     if mkl is None:
         yield
         return
-    previous = mkl.MKL_Set_Num_Threads_Local(1)
+    previous = mkl.MKL_Set_Num_Threads_Local(count)
     try:
         yield
     finally:

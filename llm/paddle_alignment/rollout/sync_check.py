@@ -23,7 +23,7 @@ from functools import lru_cache
 import numpy as np
 import paddle
 
-from paddle_alignment.cpu_runtime import mkl_single_thread
+from paddle_alignment.cpu_runtime import mkl_local_threads
 from paddle_alignment.experience import Experience
 from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
 from paddle_alignment.models.native_forward import NativeDecoder
@@ -85,7 +85,7 @@ class NativeProbe:
 
     def logprobs(self, native, temperature):
         length = self.inputs[0].shape[1]
-        with mkl_single_thread() if self.one_thread else contextlib.nullcontext():
+        with mkl_local_threads(1) if self.one_thread else contextlib.nullcontext():
             logits = native(*self.inputs, 0, PROBE_PROMPT_TOKENS - 1, length - 1)
         return token_logprobs_and_entropy(logits, self.labels, temperature)[0].numpy()
 

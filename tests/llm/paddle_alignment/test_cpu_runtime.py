@@ -33,6 +33,7 @@ flags\t\t: fpu vme sse sse2 avx fma avx2 bmi2
 INTEL = AMD.replace("AuthenticAMD", "GenuineIntel").replace("AMD EPYC", "Intel(R) Xeon(R)")
 OLD_AMD = AMD.replace(" avx2", "")
 
+
 def printed_words(script, env=None):
     """The words a fresh Python running `script` (in the repository) printed; it must succeed."""
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -181,13 +182,13 @@ def test_openmp_workers_sleep_at_once_and_a_process_can_run_at_idle_priority():
     assert printed_words(script)[-3:] == ["200", "0", "True"]  # Intel OpenMP's default 200 ms of spinning, then none
 
 
-def test_mkl_runs_one_thread_inside_the_single_thread_block_and_its_own_setting_after():
+def test_mkl_runs_the_local_threads_inside_the_block_and_its_own_setting_after():
     script = (
         "import paddle\n"
-        "from paddle_alignment.cpu_runtime import mkl_single_thread, mklml\n"
+        "from paddle_alignment.cpu_runtime import mkl_local_threads, mklml\n"
         "mkl = mklml()\n"
         "mkl.MKL_Set_Num_Threads_Local(2)\n"
-        "with mkl_single_thread():\n"
+        "with mkl_local_threads(1):\n"
         "    inside = mkl.MKL_Get_Max_Threads()\n"
         "print(inside, mkl.MKL_Get_Max_Threads())\n"
     )

@@ -14,8 +14,8 @@ from paddlenlp.peft import LoRAConfig, LoRAModel
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from helpers import REPO_ROOT, built_paddlenlp_ops
-from paddle_alignment.cpu_runtime import mkl_single_thread, mklml
 from paddle_alignment.algos.token_stats import gather_logprobs, position_ids_from_mask, tempered_logits
+from paddle_alignment.cpu_runtime import mkl_local_threads, mklml
 from paddle_alignment.experience import Experience
 from paddle_alignment.models import native_forward
 from paddle_alignment.models.fused_kernels import FUSED_OPS
@@ -128,16 +128,11 @@ def test_few_row_products_cut_across_mkl_threads_equal_whole_ones(ops, overrides
     products give."""
     model = tiny_model("qwen2", **overrides)
     prompt_ids, prompt_mask = padded_batch([6, 2, 4], 6, [0, 0, 0], 0)
-    mkl = mklml()
-    previous = mkl.MKL_Set_Num_Threads_Local(2)
-    try:
-        assert mkl.MKL_Get_Max_Threads() == 2
-        with paddle.no_grad():
-            tokens, logits, native = decode(model, prompt_ids, prompt_mask, steps=6)
-            with mkl_single_thread():
-                whole_tokens, whole_logits, _ = decode(model, prompt_ids, prompt_mask, steps=6)
-    finally:
-        mkl.MKL_Set_Num_Threads_Local(previous)
+    with paddle.no_grad(), mkl_local_threads(2):
+        assert mklml().MKL_Get_Max_Threads() == 2
+        tokens, logits, native = decode(model, prompt_ids, prompt_mask, steps=6)
+        with mkl_local_threads(1):
+            whole_tokens, whole_logits, _ = decode(model, prompt_ids, prompt_mask, steps=6)
     assert native
     np.testing.assert_array_equal(tokens, whole_tokens)
     np.testing.assert_allclose(logits, whole_logits, **TOLERANCE)

@@ -60,6 +60,16 @@ def test_a_hugging_face_folder_loads_with_the_same_logits(tmp_path, model_class,
     assert os.stat(os.path.join(folder, "model.safetensors")).st_mode & 0o777 == os.stat(os.path.join(folder, "config.json")).st_mode & 0o777
 
 
+def test_loaded_parameters_own_their_memory_not_the_files_mapping(tmp_path):
+    """A parameter left on safetensors' memory map of its file (one in the file's dtype and layout, as the embedding
+    and the norms are) would keep the mapping, and every page read from the file, in the process's memory."""
+    folder = hf_folder(tiny_model(), tmp_path / "hf")
+    loaded = pretrained_causal_lm(folder)
+    weights = os.path.join(folder, "model.safetensors")
+    assert not [line for line in open("/proc/self/maps") if line.rstrip().endswith(weights)]
+    np.testing.assert_array_equal(logits(loaded), logits(tiny_model()))
+
+
 def test_a_sharded_folder_loads_through_its_index(tmp_path):
     model = tiny_model(tie_word_embeddings=False)
     folder = hf_folder(model, tmp_path / "hf", shard_bytes=100_000)

@@ -61,6 +61,14 @@ inline SgemmFn Sgemm() {
   return sgemm;
 }
 
+// b [cols, rows] = a [rows, cols] transposed, both row-major (MKL's out-of-place copy, on its threads).
+inline void Transpose(const float* a, int64_t rows, int64_t cols, float* b) {
+  using OmatcopyFn = void (*)(char ordering, char trans, size_t rows, size_t cols, float alpha, const float* a,
+                              size_t lda, float* b, size_t ldb);
+  static const auto omatcopy = reinterpret_cast<OmatcopyFn>(Function("MKL_Somatcopy"));
+  omatcopy('R', 'T', rows, cols, 1.0f, a, cols, b, rows);
+}
+
 inline SgemmBatchFn SgemmBatch() {
   static const auto sgemm_batch = reinterpret_cast<SgemmBatchFn>(Function("cblas_sgemm_batch"));
   return sgemm_batch;

@@ -99,13 +99,14 @@ def test_long_sequences_match_paddlenlp_across_attention_blocks(ops):
 
 
 def decode(model, prompt_ids, prompt_mask, steps):
-    """Greedy decoding through the static-cache decoder: (tokens [B, steps], logits [steps + 1, B, V], native)."""
+    """Greedy decoding through the static-cache decoder: (tokens [B, steps], logits [steps + 1, B, V], its native
+    session or None)."""
     decoder = StaticCacheDecoder(model, prompt_ids.shape[0], prompt_ids.shape[1] + steps, prompt_mask)
     logits, tokens = [decoder.prefill(prompt_ids)], []
     for _ in range(steps):
         tokens.append(paddle.argmax(logits[-1], axis=-1))
         logits.append(decoder.step(tokens[-1]))
-    return np.stack([t.numpy() for t in tokens], 1), np.stack([l.numpy() for l in logits]), decoder.native is not None
+    return np.stack([t.numpy() for t in tokens], 1), np.stack([l.numpy() for l in logits]), decoder.native
 
 
 @pytest.mark.parametrize("architecture, tied", MODELS[::3])
@@ -136,6 +137,35 @@ def test_few_row_products_cut_across_mkl_threads_equal_whole_ones(ops, overrides
     assert native
     np.testing.assert_array_equal(tokens, whole_tokens)
     np.testing.assert_allclose(logits, whole_logits, **TOLERANCE)
+
+
+def test_transposed_matrix_op_equals_numpys_transpose(ops):
+    matrix = np.random.default_rng(0).standard_normal([300, 7]).astype("float32")
+    np.testing.assert_array_equal(ops.native_transposed_matrix(paddle.to_tensor(matrix)).numpy(), matrix.T)
+    with pytest.raises(Exception, match="matrix must be float32"):
+        ops.native_transposed_matrix(paddle.ones([3, 2], dtype="int64"))
+
+
+def test_tied_head_is_copied_for_sessions_of_few_rows_and_many_steps(ops, monkeypatch):
+    """A tied model's decode session of at most HEAD_COPY_MAX_ROWS rows and at least HEAD_COPY_MIN_STEPS new
+    tokens projects with an [H, V] copy of the embedding: its logits equal the eager decoder's."""
+    monkeypatch.setattr(native_forward, "HEAD_COPY_MIN_STEPS", 6)
+    model = tiny_model("qwen2", tie_word_embeddings=True)
+    embedding = model.qwen2.embed_tokens.weight.numpy()
+    native = NativeDecoder.for_model(model)
+    assert native.for_session(native_forward.HEAD_COPY_MAX_ROWS + 1, 100) is native
+    assert native.for_session(native_forward.HEAD_COPY_MAX_ROWS, 5) is native
+    copied = native.for_session(native_forward.HEAD_COPY_MAX_ROWS, 6)
+    assert not copied.transpose_lm_head and native.transpose_lm_head
+    np.testing.assert_array_equal(copied.weights[-1].numpy(), embedding.T)
+    prompt_ids, prompt_mask = padded_batch([6, 2, 4], 6, [0, 0, 0], 0)
+    with paddle.no_grad():
+        tokens, logits, session = decode(model, prompt_ids, prompt_mask, steps=6)
+        monkeypatch.setenv(NATIVE_SWITCH, "off")
+        eager_tokens, eager_logits, _ = decode(model, prompt_ids, prompt_mask, steps=6)
+    assert not session.decoder.transpose_lm_head
+    np.testing.assert_array_equal(tokens, eager_tokens)
+    np.testing.assert_allclose(logits, eager_logits, **TOLERANCE)
 
 
 def test_decode_after_long_prompts_matches_the_eager_decoder(ops, monkeypatch):

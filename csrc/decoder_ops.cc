@@ -389,7 +389,7 @@ std::vector<paddle::DataType> DecoderForwardDtype(const paddle::DataType&, const
 }
 
 // The tied LM head [V, H] as an [H, V] copy, for decode sessions of few rows: their head product then runs as
-// column slices (mkl_gemm.h), 42 ms at 16 rows of Qwen2.5-0.5B where the transposed product took 63.
+// column slices (mkl_gemm.h); NativeDecoder.for_session (models/native_forward.py) says when, and what it gains.
 std::vector<paddle::Tensor> TransposedMatrix(const paddle::Tensor& matrix) {
   CheckFloat32CPU(matrix, "matrix");
   PD_CHECK(matrix.shape().size() == 2, "matrix must be 2-D");

@@ -226,9 +226,10 @@ class NativeCacheSession:
     forward counts them (`position_ids_from_mask`), so that a row's cache does not depend on its padding."""
 
     def __init__(self, decoder, batch_size, max_len, prompt_mask, real_positions=False, cache=None):
-        self.decoder, self.batch_size = decoder.for_session(batch_size, max_len - prompt_mask.shape[1]), batch_size
+        new_tokens = max_len - prompt_mask.shape[1]
+        self.decoder, self.batch_size = decoder.for_session(batch_size, new_tokens), batch_size
         self.cache = decoder.new_cache(batch_size, max_len) if cache is None else cache
-        generated = paddle.ones([batch_size, max_len - prompt_mask.shape[1]], dtype="int64")
+        generated = paddle.ones([batch_size, new_tokens], dtype="int64")
         self.key_valid = paddle.concat([prompt_mask.astype("int64"), generated], axis=1)
         self.rope = decoder.rope_tables(max_len)
         self.position = 0  # the next cache slot

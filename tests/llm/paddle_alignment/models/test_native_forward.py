@@ -203,6 +203,18 @@ def test_unsupported_models_fall_back_with_one_warning(ops, caplog):
     assert "LoRA" in warnings[0] and "float32" in warnings[1]
 
 
+def test_the_op_reads_parameters_replaced_after_its_first_pass(ops):
+    model = tiny_model("qwen2")
+    q_proj = model.qwen2.layers[1].self_attn.q_proj
+    first = NativeDecoder.for_model(model).weights  # where each tensor lives is found once per model
+    index = next(i for i, w in enumerate(first) if w is q_proj.weight)
+    q_proj.weight = paddle.create_parameter(q_proj.weight.shape, "float32")
+    model.lm_head.weight = paddle.create_parameter(model.lm_head.weight.shape, "float32")
+    weights = NativeDecoder.for_model(model).weights
+    assert weights[index] is q_proj.weight and first[index] is not q_proj.weight
+    assert weights[-1] is model.lm_head.weight and first[-1] is not model.lm_head.weight
+
+
 def test_trainer_logprobs_match_the_eager_pass(ops, monkeypatch):
     model = tiny_model("qwen2")
     input_ids, mask = padded_batch([5, 2, 3], 5, [4, 2, 1], 4)

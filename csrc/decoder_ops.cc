@@ -22,7 +22,8 @@
 // (a fused gate_up [H, 2 I], gate columns first, passes as gate with an empty up); then embedding [V, H],
 // final_norm [H], lm_head ([H, V], or [V, H] with transpose_lm_head: tied).
 //
-// native_transposed_matrix(matrix [R, C]) -> [C, R], float32 (MKL's mkl_somatcopy): a tied head for decoding.
+// native_packed_products(weights) -> packed [P], float32: MKL's packed form of the weights of a decode step's large
+// products, for a session's steps to read (passed after the weights); see AttachPacked.
 
 #include <algorithm>
 #include <cmath>
@@ -97,7 +98,28 @@ struct Dims {
 struct Layer {
   const float *input_norm, *q, *k, *v, *q_bias, *k_bias, *v_bias, *o, *post_norm, *gate, *up, *down;
   int64_t gate_up_ld;  // floats between rows of gate and of up: I, or 2 I in a fused gate_up
+  // Their packed forms (native_packed_products) where a decode session made them, else null.
+  const float *packed_q = nullptr, *packed_o = nullptr, *packed_gate = nullptr, *packed_up = nullptr,
+              *packed_down = nullptr;
 };
+
+// c = a [m, k] @ b + beta * c (b [k, n], rows `ldb` floats apart): from b's packed form where the session made
+// one and the product has few rows, else added to `plain`, which runs it with the others it holds.
+void Product(mkl::ColumnProducts& plain, const float* packed, const float* a, const float* b, int64_t ldb, float* c,
+             int64_t ldc, int64_t m, int64_t n, int64_t k, float beta) {
+  if (packed != nullptr && m <= mkl::kSlicedMaxRows) {
+    mkl::PackedMatMul(a, packed, c, ldc, m, n, k, beta);
+  } else {
+    plain.Add(a, b, ldb, c, ldc, n, k, beta);
+  }
+}
+
+// c [m, n] = a [m, k] @ b [k, n] + beta * c, contiguous, from b's packed form where there is one (Product).
+void MatMul(const float* packed, const float* a, const float* b, float* c, int64_t m, int64_t n, int64_t k, float beta) {
+  mkl::ColumnProducts product(m);
+  Product(product, packed, a, b, n, c, n, m, n, k, beta);
+  product.Run();
+}
 
 struct Cache {
   float* data;
@@ -125,7 +147,7 @@ void ProjectQkv(const Layer& w, const Dims& d, const Cache& cache, int64_t l, in
   }
   const float beta = bias ? 1.0f : 0.0f;
   mkl::ColumnProducts projections(n);
-  projections.Add(normed, w.q, q, qkv, width, q, d.hidden, beta);
+  Product(projections, w.packed_q, normed, w.q, q, qkv, width, n, q, d.hidden, beta);
   projections.Add(normed, w.k, kv, qkv + q, width, kv, d.hidden, beta);
   projections.Add(normed, w.v, kv, qkv + q + kv, width, kv, d.hidden, beta);
   projections.Run();
@@ -277,6 +299,89 @@ std::vector<Layer> CheckLayers(const std::vector<paddle::Tensor>& weights, const
   return layers;
 }
 
+// ---- packed products for decode sessions -------------------------------------------------------------
+
+// A decode session's products of the layers' q, o, gate, up and down and of the LM head can read their b in MKL's
+// packed form (mkl::PackB), made once per session by native_packed_products into one buffer (k and v, [H, 128]
+// at Qwen2.5-0.5B's shape, gain little and would take 20 times their size packed).
+
+// Floats a packed b [k, n] takes in the buffer: whole 64-byte lines, so that each starts on one.
+int64_t PackedSpan(int64_t n, int64_t k) { return (mkl::PackedFloats(n, k) + 15) / 16 * 16; }
+
+int64_t PackedBufferFloats(const Dims& d) {
+  const int64_t layer = PackedSpan(d.q_width(), d.hidden) + PackedSpan(d.hidden, d.q_width()) +
+                        2 * PackedSpan(d.inner, d.hidden) + PackedSpan(d.hidden, d.inner);
+  return d.layers * layer + PackedSpan(d.vocab, d.hidden);
+}
+
+// Points `layers` at their packed products in `buffer` [PackedBufferFloats(d)], in the order native_packed_products
+// writes them (it lays them out with this function); returns the LM head's.
+const float* AttachPacked(const float* buffer, const Dims& d, std::vector<Layer>& layers) {
+  for (Layer& w : layers) {
+    w.packed_q = buffer, buffer += PackedSpan(d.q_width(), d.hidden);
+    w.packed_o = buffer, buffer += PackedSpan(d.hidden, d.q_width());
+    w.packed_gate = buffer, buffer += PackedSpan(d.inner, d.hidden);
+    w.packed_up = buffer, buffer += PackedSpan(d.inner, d.hidden);
+    w.packed_down = buffer, buffer += PackedSpan(d.hidden, d.inner);
+  }
+  return buffer;
+}
+
+// The model's tensors come first in the forward's weights; a session's packed buffer after them is 1-D, where the
+// last model tensor, the LM head, is 2-D.
+int64_t ModelWeightCount(const std::vector<std::vector<int64_t>>& shapes) {
+  int64_t count = static_cast<int64_t>(shapes.size());
+  while (count > 0 && shapes[count - 1].size() == 1) --count;
+  return count;
+}
+
+// The dimensions the products need, read from the model's `weights` (heads of width 1: only q's width matters).
+Dims ProductDims(const std::vector<paddle::Tensor>& weights, bool has_qkv_bias) {
+  const int64_t per_layer = has_qkv_bias ? 12 : 9, count = static_cast<int64_t>(weights.size());
+  PD_CHECK(count > 3 && (count - 3) % per_layer == 0, "weights must hold ", per_layer, " tensors per layer and 3 more");
+  const auto &q = weights[1].shape(), &k = weights[2].shape(), &down = weights[per_layer - 1].shape();
+  const auto& embedding = weights[count - 3].shape();
+  PD_CHECK(q.size() == 2 && k.size() == 2 && down.size() == 2 && embedding.size() == 2,
+           "q, k, down and the embedding must be 2-D");
+  return Dims{0, 0, embedding[1], q[1], k[1], 1, down[0], embedding[0], (count - 3) / per_layer, 0};
+}
+
+// native_packed_products(weights) -> [PackedBufferFloats]: the packed b of each product a decode step runs on the
+// model's `weights` (the forward's), laid out by AttachPacked.
+std::vector<paddle::Tensor> PackedProducts(const std::vector<paddle::Tensor>& weights, bool has_qkv_bias,
+                                           bool transpose_lm_head) {
+  const Dims d = ProductDims(weights, has_qkv_bias);
+  std::vector<Layer> layers = CheckLayers(weights, d, has_qkv_bias);
+  const auto& head = weights.back();
+  const std::vector<int64_t> head_shape =
+      transpose_lm_head ? std::vector<int64_t>{d.vocab, d.hidden} : std::vector<int64_t>{d.hidden, d.vocab};
+  const float* lm_head = Weight(head, head_shape, "lm_head");
+  auto buffer = paddle::empty({PackedBufferFloats(d)}, paddle::DataType::FLOAT32, head.place());
+  float* packed_head = const_cast<float*>(AttachPacked(buffer.data<float>(), d, layers));
+  auto pack = [](const float* b, int64_t ldb, int64_t n, int64_t k, const float* packed) {
+    mkl::PackB(b, ldb, n, k, false, const_cast<float*>(packed));
+  };
+  for (const Layer& w : layers) {
+    pack(w.q, d.q_width(), d.q_width(), d.hidden, w.packed_q);
+    pack(w.o, d.hidden, d.hidden, d.q_width(), w.packed_o);
+    pack(w.gate, w.gate_up_ld, d.inner, d.hidden, w.packed_gate);
+    pack(w.up, w.gate_up_ld, d.inner, d.hidden, w.packed_up);
+    pack(w.down, d.hidden, d.hidden, d.inner, w.packed_down);
+  }
+  mkl::PackB(lm_head, transpose_lm_head ? d.hidden : d.vocab, d.vocab, d.hidden, transpose_lm_head, packed_head);
+  return {buffer};
+}
+
+std::vector<std::vector<int64_t>> PackedProductsShape(const std::vector<std::vector<int64_t>>& weights, bool has_qkv_bias,
+                                                      bool) {
+  const int64_t per_layer = has_qkv_bias ? 12 : 9, count = static_cast<int64_t>(weights.size());
+  const Dims d{0, 0, weights[count - 3][1], weights[1][1], weights[2][1], 1, weights[per_layer - 1][0],
+               weights[count - 3][0], (count - 3) / per_layer, 0};
+  return {{PackedBufferFloats(d)}};
+}
+
+std::vector<paddle::DataType> PackedProductsDtype(const std::vector<paddle::DataType>&) { return {paddle::DataType::FLOAT32}; }
+
 std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, const paddle::Tensor& position_ids,
                                            const paddle::Tensor& key_valid, const paddle::Tensor& cache_tensor,
                                            const paddle::Tensor& cos, const paddle::Tensor& sin,
@@ -293,10 +398,12 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
   PD_CHECK(input_ids.shape().size() == 2 && position_ids.shape() == input_ids.shape(),
            "input_ids and position_ids must be [batch, seq]");
   PD_CHECK(cs.size() == 6 && cs[1] == 2 && cs[2] == input_ids.shape()[0], "cache must be [layers, 2, batch, kv_heads, len, head_dim]");
-  const int64_t per_layer = has_qkv_bias ? 12 : 9;
-  PD_CHECK(static_cast<int64_t>(weights.size()) == cs[0] * per_layer + 3, "weights must hold ", per_layer,
-           " tensors per layer and 3 more");
-  const auto& embedding = weights[weights.size() - 3];
+  const int64_t per_layer = has_qkv_bias ? 12 : 9, count = cs[0] * per_layer + 3;
+  const int64_t given = static_cast<int64_t>(weights.size());
+  PD_CHECK(given == count || given == count + 1, "weights must hold ", per_layer,
+           " tensors per layer and 3 more, then optionally a session's packed products");
+  const std::vector<paddle::Tensor> model_weights(weights.begin(), weights.begin() + count);
+  const auto& embedding = weights[count - 3];
   PD_CHECK(embedding.shape().size() == 2, "embedding must be [vocab, hidden]");
   const auto& q0 = weights[1];
   const auto& down0 = weights[per_layer - 1];
@@ -313,12 +420,14 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
   PD_CHECK(0 <= logits_start && logits_start <= logits_end && logits_end <= d.seq, "logits positions out of range");
   PD_CHECK(cos.shape() == sin.shape() && cos.shape().back() == d.head_dim, "cos and sin must be [.., head_dim] tables");
   const int64_t table_rows = cos.numel() / d.head_dim;
-  const std::vector<Layer> layers = CheckLayers(weights, d, has_qkv_bias);
+  std::vector<Layer> layers = CheckLayers(model_weights, d, has_qkv_bias);
   const float* embed = Weight(embedding, {d.vocab, d.hidden}, "embedding");
-  const float* final_norm = Weight(weights[weights.size() - 2], {d.hidden}, "final_norm");
+  const float* final_norm = Weight(weights[count - 2], {d.hidden}, "final_norm");
   const std::vector<int64_t> head_shape =
       transpose_lm_head ? std::vector<int64_t>{d.vocab, d.hidden} : std::vector<int64_t>{d.hidden, d.vocab};
-  const float* lm_head = Weight(weights.back(), head_shape, "lm_head");
+  const float* lm_head = Weight(weights[count - 1], head_shape, "lm_head");
+  const float* packed_head =
+      given > count ? AttachPacked(Weight(weights[count], {PackedBufferFloats(d)}, "packed products"), d, layers) : nullptr;
 
   const int64_t n = d.tokens();
   const int64_t* ids = input_ids.data<int64_t>();
@@ -342,15 +451,17 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
                        nullptr);
     ProjectQkv(w, d, cache, l, start, normed.data(), positions, cos.data<float>(), sin.data<float>(), qkv.data());
     Attend(d, cache, l, start, qkv.data(), visible.data(), attn.data(), scores);
-    mkl::MatMul(attn.data(), w.o, hidden.data(), n, d.hidden, d.q_width(), 1.0f);  // the residual add: beta = 1
+    MatMul(w.packed_o, attn.data(), w.o, hidden.data(), n, d.hidden, d.q_width(), 1.0f);  // the residual add: beta 1
     fused::RmsNormRows(hidden.data(), nullptr, w.post_norm, epsilon, n, d.hidden, normed.data(), nullptr,
                        nullptr);
     mkl::ColumnProducts gate_and_up(n);
-    gate_and_up.Add(normed.data(), w.gate, w.gate_up_ld, gate_up.data(), 2 * d.inner, d.inner, d.hidden, 0.0f);
-    gate_and_up.Add(normed.data(), w.up, w.gate_up_ld, gate_up.data() + d.inner, 2 * d.inner, d.inner, d.hidden, 0.0f);
+    Product(gate_and_up, w.packed_gate, normed.data(), w.gate, w.gate_up_ld, gate_up.data(), 2 * d.inner, n, d.inner,
+            d.hidden, 0.0f);
+    Product(gate_and_up, w.packed_up, normed.data(), w.up, w.gate_up_ld, gate_up.data() + d.inner, 2 * d.inner, n,
+            d.inner, d.hidden, 0.0f);
     gate_and_up.Run();
     SwigluRows(gate_up.data(), n, d.inner, act.data());
-    mkl::MatMul(act.data(), w.down, hidden.data(), n, d.hidden, d.inner, 1.0f);
+    MatMul(w.packed_down, act.data(), w.down, hidden.data(), n, d.hidden, d.inner, 1.0f);
   }
   // The final norm and the LM head, only on the positions whose logits are asked for.
   const int64_t kept = logits_end - logits_start, rows = d.batch * kept;
@@ -364,7 +475,11 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
     return {normed_out};
   }
   auto logits = paddle::empty({d.batch, kept, d.vocab}, paddle::DataType::FLOAT32, input_ids.place());
-  if (rows > 0) mkl::MatMul(normed.data(), lm_head, logits.data<float>(), rows, d.vocab, d.hidden, 0.0f, transpose_lm_head);
+  if (packed_head != nullptr && rows <= mkl::kSlicedMaxRows) {
+    mkl::PackedMatMul(normed.data(), packed_head, logits.data<float>(), d.vocab, rows, d.vocab, d.hidden, 0.0f);
+  } else if (rows > 0) {
+    mkl::MatMul(normed.data(), lm_head, logits.data<float>(), rows, d.vocab, d.hidden, 0.0f, transpose_lm_head);
+  }
   return {logits};
 }
 
@@ -375,8 +490,9 @@ std::vector<std::vector<int64_t>> DecoderForwardShape(const std::vector<int64_t>
                                                       const std::vector<std::vector<int64_t>>& weights, int,
                                                       float, bool, bool transpose_lm_head, int logits_start,
                                                       int logits_end, bool apply_lm_head) {
-  const auto& head = weights.back();
-  const int64_t hidden = weights[weights.size() - 2][0];  // the final norm's [H]
+  const int64_t count = ModelWeightCount(weights);
+  const auto& head = weights[count - 1];
+  const int64_t hidden = weights[count - 2][0];  // the final norm's [H]
   const int64_t width = !apply_lm_head ? hidden : transpose_lm_head ? head[0] : head[1];
   return {{input_ids[0], logits_end - logits_start, width}};
 }
@@ -388,31 +504,15 @@ std::vector<paddle::DataType> DecoderForwardDtype(const paddle::DataType&, const
   return {cache};
 }
 
-// The tied LM head [V, H] as an [H, V] copy, for decode sessions of few rows: their head product then runs as
-// column slices (mkl_gemm.h); NativeDecoder.for_session (models/native_forward.py) says when, and what it gains.
-std::vector<paddle::Tensor> TransposedMatrix(const paddle::Tensor& matrix) {
-  CheckFloat32CPU(matrix, "matrix");
-  PD_CHECK(matrix.shape().size() == 2, "matrix must be 2-D");
-  const int64_t rows = matrix.shape()[0], cols = matrix.shape()[1];
-  auto transposed = paddle::empty({cols, rows}, paddle::DataType::FLOAT32, matrix.place());
-  if (rows * cols > 0) mkl::Transpose(matrix.data<float>(), rows, cols, transposed.data<float>());
-  return {transposed};
-}
-
-std::vector<std::vector<int64_t>> TransposedMatrixShape(const std::vector<int64_t>& matrix) {
-  return {{matrix[1], matrix[0]}};
-}
-
-std::vector<paddle::DataType> TransposedMatrixDtype(const paddle::DataType& matrix) { return {matrix}; }
-
 }  // namespace
 
-PD_BUILD_OP(native_transposed_matrix)
-    .Inputs({"matrix"})
-    .Outputs({"transposed"})
-    .SetKernelFn(PD_KERNEL(TransposedMatrix))
-    .SetInferShapeFn(PD_INFER_SHAPE(TransposedMatrixShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(TransposedMatrixDtype));
+PD_BUILD_OP(native_packed_products)
+    .Inputs({paddle::Vec("weights")})
+    .Outputs({paddle::Vec("packed")})
+    .Attrs({"has_qkv_bias: bool", "transpose_lm_head: bool"})
+    .SetKernelFn(PD_KERNEL(PackedProducts))
+    .SetInferShapeFn(PD_INFER_SHAPE(PackedProductsShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(PackedProductsDtype));
 
 PD_BUILD_OP(native_decoder_forward)
     .Inputs({"input_ids", "position_ids", "key_valid", "cache", "cos", "sin", paddle::Vec("weights")})

@@ -39,12 +39,12 @@ from paddle_alignment.models.lora_utils import is_lora
 
 logger = logging.getLogger(__name__)
 
-NATIVE_OPS = ("native_decoder_forward", "native_transposed_matrix")
-# A decode session of at most HEAD_COPY_MAX_ROWS rows and at least HEAD_COPY_MIN_STEPS new tokens projects with a
-# copy of a tied LM head (NativeDecoder.for_session). At Qwen2.5-0.5B's shape, the head read from memory took 18
-# against 35-40 ms a step at 1 row, 46 against 69 at 16, 73 against 94 at 32, 147 against 202 at 64, about the same
-# at 2 to 4 rows; the copy took 0.25 s (2026-11-26, 2 cores).
-HEAD_COPY_MAX_ROWS, HEAD_COPY_MIN_STEPS = 64, 64
+NATIVE_OPS = ("native_decoder_forward", "native_packed_products")
+# A decode session of at most PACKED_MAX_ROWS rows (csrc/common/mkl_gemm.h's kSlicedMaxRows) and at least
+# PACKED_MIN_STEPS new tokens runs its large products on MKL's packed form of their weights (NativeDecoder.for_session).
+# At Qwen2.5-0.5B's shape the op's decode step took 62-66 against 120-124 ms at 1 row, 71-83 against 152-163 at 4,
+# 190-201 against 211-236 at 16, 285-308 against 313-340 at 32; packing took 1.3-1.5 s (2026-11-27, 2 cores).
+PACKED_MAX_ROWS, PACKED_MIN_STEPS = 64, 64
 SWITCH = "PADDLE_ALIGNMENT_NATIVE_FORWARD"
 
 
@@ -190,16 +190,16 @@ class NativeDecoder:
         return cls(model, ops, weights)
 
     def for_session(self, rows, steps):
-        """The decoder for a decode session of `rows` rows and up to `steps` new tokens: this one, or, for a
-        tied LM head (its [V, H] embedding, a transposed product that MKL runs poorly on few rows) and a session
-        of at most HEAD_COPY_MAX_ROWS rows and at least HEAD_COPY_MIN_STEPS steps, one whose head is an [H, V]
-        copy made now, whose few-row products run as column slices (csrc/common/mkl_gemm.h). The copy holds
-        vocabulary x hidden floats while the session lives (545 MB at Qwen2.5-0.5B's shape)."""
-        if not self.transpose_lm_head or rows > HEAD_COPY_MAX_ROWS or steps < HEAD_COPY_MIN_STEPS:
+        """The decoder for a decode session of `rows` rows and up to `steps` new tokens: this one, or, for a session
+        of at most PACKED_MAX_ROWS rows and at least PACKED_MIN_STEPS steps, one that also holds MKL's packed form of
+        the weights of q, o, gate, up, down and the LM head (native_packed_products, csrc/README.md), made now, which
+        the session's few-row products then read. It lives as long as the session: 1.8 GiB of resident memory at
+        Qwen2.5-0.5B's shape, where the weights take 1.8."""
+        if rows > PACKED_MAX_ROWS or steps < PACKED_MIN_STEPS:
             return self
         decoder = copy.copy(self)
-        decoder.weights = self.weights[:-1] + [self.ops.native_transposed_matrix(self.weights[-1])]
-        decoder.transpose_lm_head = False
+        decoder.weights = self.weights + [self.ops.native_packed_products(self.weights, self.has_qkv_bias,
+                                                                          self.transpose_lm_head)]
         return decoder
 
     def rope_tables(self, length):

@@ -139,31 +139,26 @@ def test_few_row_products_cut_across_mkl_threads_equal_whole_ones(ops, overrides
     np.testing.assert_allclose(logits, whole_logits, **TOLERANCE)
 
 
-def test_transposed_matrix_op_equals_numpys_transpose(ops):
-    matrix = np.random.default_rng(0).standard_normal([300, 7]).astype("float32")
-    np.testing.assert_array_equal(ops.native_transposed_matrix(paddle.to_tensor(matrix)).numpy(), matrix.T)
-    with pytest.raises(Exception, match="matrix must be float32"):
-        ops.native_transposed_matrix(paddle.ones([3, 2], dtype="int64"))
-
-
-def test_tied_head_is_copied_for_sessions_of_few_rows_and_many_steps(ops, monkeypatch):
-    """A tied model's decode session of at most HEAD_COPY_MAX_ROWS rows and at least HEAD_COPY_MIN_STEPS new
-    tokens projects with an [H, V] copy of the embedding: its logits equal the eager decoder's."""
-    monkeypatch.setattr(native_forward, "HEAD_COPY_MIN_STEPS", 6)
-    model = tiny_model("qwen2", tie_word_embeddings=True)
-    embedding = model.qwen2.embed_tokens.weight.numpy()
+@pytest.mark.parametrize("architecture, tied, overrides", [*((*m, {}) for m in MODELS[:3]), ("qwen2", False, {"fuse_attention_ffn": True})],
+                         ids=[*(f"{a}-{t}" for a, t in MODELS[:3]), "qwen2-fused-ffn"])
+def test_sessions_of_few_rows_and_many_steps_run_on_packed_weights(ops, monkeypatch, architecture, tied, overrides):
+    """A decode session of at most PACKED_MAX_ROWS rows and at least PACKED_MIN_STEPS new tokens passes MKL's packed
+    form of its large products' weights after the model's (native_packed_products): its logits equal the eager
+    decoder's."""
+    monkeypatch.setattr(native_forward, "PACKED_MIN_STEPS", 6)
+    model = tiny_model(architecture, tied, **overrides)
     native = NativeDecoder.for_model(model)
-    assert native.for_session(native_forward.HEAD_COPY_MAX_ROWS + 1, 100) is native
-    assert native.for_session(native_forward.HEAD_COPY_MAX_ROWS, 5) is native
-    copied = native.for_session(native_forward.HEAD_COPY_MAX_ROWS, 6)
-    assert not copied.transpose_lm_head and native.transpose_lm_head
-    np.testing.assert_array_equal(copied.weights[-1].numpy(), embedding.T)
+    assert native.for_session(native_forward.PACKED_MAX_ROWS + 1, 100) is native
+    assert native.for_session(native_forward.PACKED_MAX_ROWS, 5) is native
+    packed = native.for_session(1, 6).weights
+    assert len(packed) == len(native.weights) + 1 and all(p is w for p, w in zip(packed, native.weights))
+    assert packed[-1].ndim == 1 and packed[-1].dtype == paddle.float32
     prompt_ids, prompt_mask = padded_batch([6, 2, 4], 6, [0, 0, 0], 0)
     with paddle.no_grad():
         tokens, logits, session = decode(model, prompt_ids, prompt_mask, steps=6)
         monkeypatch.setenv(NATIVE_SWITCH, "off")
         eager_tokens, eager_logits, _ = decode(model, prompt_ids, prompt_mask, steps=6)
-    assert not session.decoder.transpose_lm_head
+    assert len(session.decoder.weights) == len(native.weights) + 1
     np.testing.assert_array_equal(tokens, eager_tokens)
     np.testing.assert_allclose(logits, eager_logits, **TOLERANCE)
 

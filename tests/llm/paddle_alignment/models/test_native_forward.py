@@ -142,12 +142,14 @@ def test_few_row_products_cut_across_mkl_threads_equal_whole_ones(ops, overrides
 @pytest.mark.parametrize("architecture, tied, overrides", [*((*m, {}) for m in MODELS[:3]), ("qwen2", False, {"fuse_attention_ffn": True})],
                          ids=[*(f"{a}-{t}" for a, t in MODELS[:3]), "qwen2-fused-ffn"])
 def test_sessions_of_few_rows_and_many_steps_run_on_packed_weights(ops, monkeypatch, architecture, tied, overrides):
-    """A decode session of at most PACKED_MAX_ROWS rows and at least PACKED_MIN_STEPS new tokens passes MKL's packed
-    form of its large products' weights after the model's (native_packed_products): its logits equal the eager
-    decoder's."""
+    """A decode session of at most PACKED_MAX_ROWS rows and at least PACKED_MIN_STEPS new tokens, on a model of at least
+    PACKED_MIN_PARAMETERS parameters, passes MKL's packed form of its large products' weights after the model's
+    (native_packed_products): its logits equal the eager decoder's."""
     monkeypatch.setattr(native_forward, "PACKED_MIN_STEPS", 6)
     model = tiny_model(architecture, tied, **overrides)
     native = NativeDecoder.for_model(model)
+    assert native.for_session(1, 100) is native  # a model under PACKED_MIN_PARAMETERS
+    monkeypatch.setattr(native_forward, "PACKED_MIN_PARAMETERS", native.parameters())
     assert native.for_session(native_forward.PACKED_MAX_ROWS + 1, 100) is native
     assert native.for_session(native_forward.PACKED_MAX_ROWS, 5) is native
     packed = native.for_session(1, 6).weights

@@ -305,7 +305,7 @@ std::vector<Layer> CheckLayers(const std::vector<paddle::Tensor>& weights, const
 // packed form (mkl::PackB), made once per session by native_packed_products into one buffer (k and v, [H, 128]
 // at Qwen2.5-0.5B's shape, gain little and would take 20 times their size packed).
 
-// Floats a packed b [k, n] takes in the buffer: whole 64-byte lines, so that each starts on one.
+// Floats a packed b [k, n] takes in the buffer: whole 64-byte lines, so that each starts as aligned as the buffer.
 int64_t PackedSpan(int64_t n, int64_t k) { return (mkl::PackedFloats(n, k) + 15) / 16 * 16; }
 
 int64_t PackedBufferFloats(const Dims& d) {
@@ -335,12 +335,12 @@ int64_t ModelWeightCount(const std::vector<std::vector<int64_t>>& shapes) {
   return count;
 }
 
-// The dimensions the products need, read from the model's `weights` (heads of width 1: only q's width matters).
-Dims ProductDims(const std::vector<paddle::Tensor>& weights, bool has_qkv_bias) {
-  const int64_t per_layer = has_qkv_bias ? 12 : 9, count = static_cast<int64_t>(weights.size());
+// The dimensions the products need, read from the shapes of the model's weights (heads of width 1: only q's and k's
+// widths matter).
+Dims ProductDims(const std::vector<std::vector<int64_t>>& shapes, bool has_qkv_bias) {
+  const int64_t per_layer = has_qkv_bias ? 12 : 9, count = static_cast<int64_t>(shapes.size());
   PD_CHECK(count > 3 && (count - 3) % per_layer == 0, "weights must hold ", per_layer, " tensors per layer and 3 more");
-  const auto &q = weights[1].shape(), &k = weights[2].shape(), &down = weights[per_layer - 1].shape();
-  const auto& embedding = weights[count - 3].shape();
+  const auto &q = shapes[1], &k = shapes[2], &down = shapes[per_layer - 1], &embedding = shapes[count - 3];
   PD_CHECK(q.size() == 2 && k.size() == 2 && down.size() == 2 && embedding.size() == 2,
            "q, k, down and the embedding must be 2-D");
   return Dims{0, 0, embedding[1], q[1], k[1], 1, down[0], embedding[0], (count - 3) / per_layer, 0};
@@ -350,7 +350,9 @@ Dims ProductDims(const std::vector<paddle::Tensor>& weights, bool has_qkv_bias) 
 // model's `weights` (the forward's), laid out by AttachPacked.
 std::vector<paddle::Tensor> PackedProducts(const std::vector<paddle::Tensor>& weights, bool has_qkv_bias,
                                            bool transpose_lm_head) {
-  const Dims d = ProductDims(weights, has_qkv_bias);
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& w : weights) shapes.push_back(w.shape());
+  const Dims d = ProductDims(shapes, has_qkv_bias);
   std::vector<Layer> layers = CheckLayers(weights, d, has_qkv_bias);
   const auto& head = weights.back();
   const std::vector<int64_t> head_shape =
@@ -374,10 +376,7 @@ std::vector<paddle::Tensor> PackedProducts(const std::vector<paddle::Tensor>& we
 
 std::vector<std::vector<int64_t>> PackedProductsShape(const std::vector<std::vector<int64_t>>& weights, bool has_qkv_bias,
                                                       bool) {
-  const int64_t per_layer = has_qkv_bias ? 12 : 9, count = static_cast<int64_t>(weights.size());
-  const Dims d{0, 0, weights[count - 3][1], weights[1][1], weights[2][1], 1, weights[per_layer - 1][0],
-               weights[count - 3][0], (count - 3) / per_layer, 0};
-  return {{PackedBufferFloats(d)}};
+  return {{PackedBufferFloats(ProductDims(weights, has_qkv_bias))}};
 }
 
 std::vector<paddle::DataType> PackedProductsDtype(const std::vector<paddle::DataType>&) { return {paddle::DataType::FLOAT32}; }

@@ -1,6 +1,7 @@
 """The native no-gradient forward (csrc/decoder_ops.cc, models/native_forward.py) against paddlenlp's own
 Qwen2/Llama forward, in the log-prob pass and in the static-cache decode loop, and its fallbacks."""
 
+import copy
 import logging
 import os
 import subprocess
@@ -163,6 +164,14 @@ def test_sessions_of_few_rows_and_many_steps_run_on_packed_weights(ops, monkeypa
     assert len(session.decoder.weights) == len(native.weights) + 1
     np.testing.assert_array_equal(tokens, eager_tokens)
     np.testing.assert_allclose(logits, eager_logits, **TOLERANCE)
+
+
+def test_a_packed_buffer_that_does_not_fit_the_model_is_refused(ops):
+    native = copy.copy(NativeDecoder.for_model(tiny_model("qwen2")))
+    native.weights = native.weights + [paddle.zeros([16], dtype="float32")]
+    input_ids, mask = padded_batch([3], 3, [0], 0)
+    with paddle.no_grad(), pytest.raises(Exception, match="packed products has the wrong shape"):
+        native(input_ids, paddle.arange(3)[None], mask, native.new_cache(1, 3), native.rope_tables(3), 0, 0, 3)
 
 
 def test_decode_after_long_prompts_matches_the_eager_decoder(ops, monkeypatch):

@@ -43,8 +43,9 @@ logger = logging.getLogger(__name__)
 NATIVE_OPS = ("native_decoder_forward", "native_packed_products")
 # A decode session of at most PACKED_MAX_ROWS rows (csrc/common/mkl_gemm.h's kSlicedMaxRows) and at least
 # PACKED_MIN_STEPS new tokens runs its large products on MKL's packed form of their weights (NativeDecoder.for_session).
-# At Qwen2.5-0.5B's shape the op's decode step took 62-66 against 120-124 ms at 1 row, 71-83 against 152-163 at 4,
-# 190-201 against 211-236 at 16, 285-308 against 313-340 at 32; packing took 1.3-1.5 s (2026-11-27, 2 cores).
+# At Qwen2.5-0.5B's shape the op's decode step took 56-60 against 85-92 ms at 1 row, 61-68 against 145-158 at 4, 114-123
+# against 134-155 at 8, the same from 16 rows up, where the products are bound by their arithmetic (against the tied
+# head copied and the products sliced); packing took 1.3-1.5 s (2026-11-27, 2 cores).
 # A model under PACKED_MIN_PARAMETERS is not packed: its weights stay in the cache, and packing costs more than it
 # saves (the demo's 1M-parameter model: 80-120 ms a session, where its decode step takes a few ms).
 PACKED_MAX_ROWS, PACKED_MIN_STEPS, PACKED_MIN_PARAMETERS = 64, 64, 1 << 24
@@ -194,11 +195,11 @@ class NativeDecoder:
 
     def for_session(self, rows, steps):
         """The decoder for a decode session of `rows` rows and up to `steps` new tokens: this one, or, for a session
-        of at most PACKED_MAX_ROWS rows and at least PACKED_MIN_STEPS steps on a model of at least PACKED_MIN_PARAMETERS
-        parameters, one that also holds MKL's packed form of
-        the weights of q, o, gate, up, down and the LM head (native_packed_products, csrc/README.md), made now, which
-        the session's few-row products then read. It lives as long as the session: 1.8 GiB of resident memory at
-        Qwen2.5-0.5B's shape, where the weights take 1.8."""
+        of at most PACKED_MAX_ROWS rows and at least PACKED_MIN_STEPS steps on a model of at least
+        PACKED_MIN_PARAMETERS parameters, one that also holds MKL's packed form of the weights of q, o, gate, up, down
+        and the LM head (native_packed_products, csrc/README.md), made now, which the session's few-row products then
+        read. It lives as long as the session: 1.8 GiB of resident memory at Qwen2.5-0.5B's shape, where the weights
+        take 1.8."""
         if rows > PACKED_MAX_ROWS or steps < PACKED_MIN_STEPS or self.parameters() < PACKED_MIN_PARAMETERS:
             return self
         decoder = copy.copy(self)

@@ -166,6 +166,28 @@ def test_sessions_of_few_rows_and_many_steps_run_on_packed_weights(ops, monkeypa
     np.testing.assert_allclose(logits, eager_logits, **TOLERANCE)
 
 
+def test_packed_products_read_the_weights_as_they_were_packed(ops, monkeypatch):
+    """The session's products of few rows read the packed weights, not the model's tensors: changed after packing,
+    the q and down weights change the plain forward's logits and not the packed one's."""
+    monkeypatch.setattr(native_forward, "PACKED_MIN_PARAMETERS", 0)
+    model = tiny_model("qwen2")
+    native = NativeDecoder.for_model(model)
+    packed = native.for_session(3, native_forward.PACKED_MIN_STEPS)
+    input_ids, mask = padded_batch([6, 2, 4], 6, [0, 0, 0], 0)
+
+    def logits(decoder):
+        return decoder(input_ids, paddle.tile(paddle.arange(6)[None], [3, 1]), mask, decoder.new_cache(3, 6),
+                       decoder.rope_tables(6), 0, 0, 6).numpy()
+
+    with paddle.no_grad():
+        before = logits(native)
+        for layer in model.qwen2.layers:
+            for weight in (layer.self_attn.q_proj.weight, layer.mlp.down_proj.weight):
+                weight.set_value(weight * 2)
+        np.testing.assert_allclose(logits(packed), before, **TOLERANCE)
+        assert np.abs(logits(native) - before).max() > 1e-2
+
+
 def test_a_packed_buffer_that_does_not_fit_the_model_is_refused(ops):
     native = copy.copy(NativeDecoder.for_model(tiny_model("qwen2")))
     native.weights = native.weights + [paddle.zeros([16], dtype="float32")]

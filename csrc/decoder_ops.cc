@@ -103,11 +103,15 @@ struct Layer {
               *packed_down = nullptr;
 };
 
-// c = a [m, k] @ b + beta * c (b [k, n], rows `ldb` floats apart): from b's packed form where the session made
-// one and the product has few rows, else added to `plain`, which runs it with the others it holds.
+// Whether a product of m rows reads its b's packed form: where the session made one (`packed`) and the product has
+// few rows (more gain nothing from it).
+bool ReadsPacked(const float* packed, int64_t m) { return packed != nullptr && m <= mkl::kSlicedMaxRows; }
+
+// c = a [m, k] @ b + beta * c (b [k, n], rows `ldb` floats apart): from b's packed form where it ReadsPacked, else
+// added to `plain`, which runs it with the others it holds.
 void Product(mkl::ColumnProducts& plain, const float* packed, const float* a, const float* b, int64_t ldb, float* c,
              int64_t ldc, int64_t m, int64_t n, int64_t k, float beta) {
-  if (packed != nullptr && m <= mkl::kSlicedMaxRows) {
+  if (ReadsPacked(packed, m)) {
     mkl::PackedMatMul(a, packed, c, ldc, m, n, k, beta);
   } else {
     plain.Add(a, b, ldb, c, ldc, n, k, beta);
@@ -270,6 +274,12 @@ const float* Weight(const paddle::Tensor& t, std::vector<int64_t> shape, const c
   return t.data<float>();
 }
 
+// The LM head: [H, V], or the tied embedding [V, H] with transpose_lm_head.
+const float* LmHead(const paddle::Tensor& t, const Dims& d, bool transpose_lm_head) {
+  return Weight(t, transpose_lm_head ? std::vector<int64_t>{d.vocab, d.hidden} : std::vector<int64_t>{d.hidden, d.vocab},
+                "lm_head");
+}
+
 std::vector<Layer> CheckLayers(const std::vector<paddle::Tensor>& weights, const Dims& d, bool has_qkv_bias) {
   std::vector<Layer> layers;
   for (int64_t l = 0, i = 0; l < d.layers; ++l) {
@@ -354,11 +364,8 @@ std::vector<paddle::Tensor> PackedProducts(const std::vector<paddle::Tensor>& we
   for (const auto& w : weights) shapes.push_back(w.shape());
   const Dims d = ProductDims(shapes, has_qkv_bias);
   std::vector<Layer> layers = CheckLayers(weights, d, has_qkv_bias);
-  const auto& head = weights.back();
-  const std::vector<int64_t> head_shape =
-      transpose_lm_head ? std::vector<int64_t>{d.vocab, d.hidden} : std::vector<int64_t>{d.hidden, d.vocab};
-  const float* lm_head = Weight(head, head_shape, "lm_head");
-  auto buffer = paddle::empty({PackedBufferFloats(d)}, paddle::DataType::FLOAT32, head.place());
+  const float* lm_head = LmHead(weights.back(), d, transpose_lm_head);
+  auto buffer = paddle::empty({PackedBufferFloats(d)}, paddle::DataType::FLOAT32, weights.back().place());
   float* packed_head = const_cast<float*>(AttachPacked(buffer.data<float>(), d, layers));
   auto pack = [](const float* b, int64_t ldb, int64_t n, int64_t k, const float* packed) {
     mkl::PackB(b, ldb, n, k, false, const_cast<float*>(packed));
@@ -422,9 +429,7 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
   std::vector<Layer> layers = CheckLayers(model_weights, d, has_qkv_bias);
   const float* embed = Weight(embedding, {d.vocab, d.hidden}, "embedding");
   const float* final_norm = Weight(weights[count - 2], {d.hidden}, "final_norm");
-  const std::vector<int64_t> head_shape =
-      transpose_lm_head ? std::vector<int64_t>{d.vocab, d.hidden} : std::vector<int64_t>{d.hidden, d.vocab};
-  const float* lm_head = Weight(weights[count - 1], head_shape, "lm_head");
+  const float* lm_head = LmHead(weights[count - 1], d, transpose_lm_head);
   const float* packed_head =
       given > count ? AttachPacked(Weight(weights[count], {PackedBufferFloats(d)}, "packed products"), d, layers) : nullptr;
 
@@ -474,7 +479,7 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
     return {normed_out};
   }
   auto logits = paddle::empty({d.batch, kept, d.vocab}, paddle::DataType::FLOAT32, input_ids.place());
-  if (packed_head != nullptr && rows <= mkl::kSlicedMaxRows) {
+  if (ReadsPacked(packed_head, rows)) {
     mkl::PackedMatMul(normed.data(), packed_head, logits.data<float>(), d.vocab, rows, d.vocab, d.hidden, 0.0f);
   } else if (rows > 0) {
     mkl::MatMul(normed.data(), lm_head, logits.data<float>(), rows, d.vocab, d.hidden, 0.0f, transpose_lm_head);

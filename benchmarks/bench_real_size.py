@@ -5,6 +5,7 @@ bandwidth limit; with --trl_python, TRL's GRPOTrainer on the same model, work an
     python benchmarks/bench_real_size.py --work /tmp/real_size                      # 4 x 4, prompts 256, responses 512
     python benchmarks/bench_real_size.py --work /tmp/real_size --prompts 2 --samples 2 --new_tokens 2048 --recompute
     python benchmarks/bench_real_size.py --work /tmp/real_size --mode decode --new_tokens 64   # decode step, limits
+    python benchmarks/bench_real_size.py --work /tmp/real_size --mode packing --rows 1 4 16   # packed weights or not
     ... --trl_python /path/to/venv/bin/python                                        # TRL's step beside ours
 
 The model is a random Qwen2.5-0.5B (llm/tools/build_real_model.py: hidden 896, 24 layers, vocabulary
@@ -274,10 +275,43 @@ def decode(args, model, prompts):
     print(f"fast_over_bandwidth_limit={fast / bandwidth_limit:.2f}")
 
 
+def packing(args, model, prompts):
+    """The decoder op's decode step on the plain weights and on a session's packed ones (native_packed_products),
+    alternating in one process, at each of --rows, one new token after --prompt_tokens cached positions: the
+    median of --repeats steps each, and the seconds the packing took."""
+    import statistics
+
+    import paddle
+
+    from paddle_alignment.cpu_runtime import describe
+    from paddle_alignment.models.loading import pretrained_causal_lm
+    from paddle_alignment.models.native_forward import PACKED_MIN_STEPS, NativeDecoder
+
+    paddle.set_device("cpu")
+    print(describe())
+    plain = NativeDecoder.for_model(pretrained_causal_lm(model, dtype="float32"))
+    position, length = args.prompt_tokens, args.prompt_tokens + 1
+    for rows in args.rows:
+        started = time.perf_counter()
+        packed = plain.for_session(rows, PACKED_MIN_STEPS)
+        pack_seconds = time.perf_counter() - started
+        inputs = (paddle.zeros([rows, 1], dtype="int64"), paddle.full([rows, 1], position, dtype="int64"),
+                  paddle.ones([rows, length], dtype="int64"), plain.new_cache(rows, length), plain.rope_tables(length))
+        seconds = {"plain": [], "packed": []}
+        with paddle.no_grad():
+            for _ in range(args.repeats):
+                for name, decoder in (("plain", plain), ("packed", packed)):
+                    started = time.perf_counter()
+                    decoder(*inputs, position, 0, 1)
+                    seconds[name].append(time.perf_counter() - started)
+        plain_ms, packed_ms = (1000 * statistics.median(seconds[name]) for name in ("plain", "packed"))
+        print(f"rows={rows} plain_ms={plain_ms:.0f} packed_ms={packed_ms:.0f} packing_s={pack_seconds:.2f}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", required=True, help="folder for the model, prompts and outputs (reused)")
-    parser.add_argument("--mode", choices=("step", "decode"), default="step")
+    parser.add_argument("--mode", choices=("step", "decode", "packing"), default="step")
     parser.add_argument("--layers", type=int, default=24, help="Qwen2.5-0.5B's 24, or fewer")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--samples", type=int, default=4)
@@ -285,6 +319,8 @@ def main():
     parser.add_argument("--new_tokens", type=int, default=512)
     parser.add_argument("--micro_batch", type=int, default=2, help="rows per forward with gradient")
     parser.add_argument("--recompute", action="store_true", help="recompute (TRL: gradient checkpointing)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32], help="--mode packing's row counts")
+    parser.add_argument("--repeats", type=int, default=10, help="--mode packing's steps per variant and row count")
     parser.add_argument("--trl_python", default=None, help="a Python with torch, transformers and trl (see bench_trl_grpo.py)")
     parser.add_argument("--internal_ours", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -299,7 +335,7 @@ def main():
     if args.mode == "step":
         print(describe())
     model, prompts = build_world(args)
-    (step if args.mode == "step" else decode)(args, model, prompts)
+    {"step": step, "decode": decode, "packing": packing}[args.mode](args, model, prompts)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import math
 import os
 import types
 import weakref
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 import paddle
@@ -41,11 +41,12 @@ from paddle_alignment.models.lora_utils import is_lora
 logger = logging.getLogger(__name__)
 
 NATIVE_OPS = ("native_decoder_forward", "native_packed_products")
-# A decode session of at most PACKED_MAX_ROWS rows (csrc/common/mkl_gemm.h's kSlicedMaxRows) and at least
-# PACKED_MIN_STEPS new tokens runs its large products on MKL's packed form of their weights (NativeDecoder.for_session).
-# At Qwen2.5-0.5B's shape the op's decode step took 56-60 against 85-92 ms at 1 row, 61-68 against 145-158 at 4, 114-123
-# against 134-155 at 8, the same from 16 rows up, where the products are bound by their arithmetic (against the tied
-# head copied and the products sliced); packing took 1.3-1.5 s (2026-11-27, 2 cores).
+# The decode steps of a session with at most PACKED_MAX_ROWS rows (csrc/common/mkl_gemm.h's kSlicedMaxRows) and at
+# least PACKED_MIN_STEPS new tokens to go run their large products on MKL's packed form of their weights
+# (NativeDecoder.for_session). At Qwen2.5-0.5B's shape the op's decode step took, packed against the plain weights
+# (bench_real_size.py --mode packing, 2026-11-27, 2 cores), 76 against 119 ms at 1 row, 64 against 152 at 4, 120
+# against 172 at 8, 189 against 208 at 16, 288 against 313 at 32; packing took 0.9-4.7 s. Against the sessions
+# before packing (the tied head copied, the products sliced) it gained up to 12 rows, nothing from 16.
 # A model under PACKED_MIN_PARAMETERS is not packed: its weights stay in the cache, and packing costs more than it
 # saves (the demo's 1M-parameter model: 80-120 ms a session, where its decode step takes a few ms).
 PACKED_MAX_ROWS, PACKED_MIN_STEPS, PACKED_MIN_PARAMETERS = 64, 64, 1 << 24
@@ -167,6 +168,7 @@ class NativeDecoder:
 
     def __init__(self, model, ops, weights):
         self.ops, self.weights = ops, weights
+        self.packed = False  # whether `weights` end with a session's packed products (for_session)
         base = getattr(model, model.base_model_prefix)
         attention = base.layers[0].self_attn
         self.has_qkv_bias = has_qkv_bias(attention)
@@ -194,22 +196,24 @@ class NativeDecoder:
         return cls(model, ops, weights)
 
     def for_session(self, rows, steps):
-        """The decoder for a decode session of `rows` rows and up to `steps` new tokens: this one, or, for a session
-        of at most PACKED_MAX_ROWS rows and at least PACKED_MIN_STEPS steps on a model of at least
-        PACKED_MIN_PARAMETERS parameters, one that also holds MKL's packed form of the weights of q, o, gate, up, down
-        and the LM head (native_packed_products, csrc/README.md), made now, which the session's few-row products then
-        read. It lives as long as the session: 1.8 GiB of resident memory at Qwen2.5-0.5B's shape, where the weights
-        take 1.8."""
-        if rows > PACKED_MAX_ROWS or steps < PACKED_MIN_STEPS or self.parameters() < PACKED_MIN_PARAMETERS:
+        """The decoder for the decode steps of `rows` rows, up to `steps` more: this one, or, for at most
+        PACKED_MAX_ROWS rows and at least PACKED_MIN_STEPS steps on a model of at least PACKED_MIN_PARAMETERS
+        parameters, one that also holds MKL's packed form of the weights of q, o, gate, up, down and the LM head
+        (native_packed_products, csrc/README.md), made now, which the few-row products then read. A session keeps it
+        to its end: 1.8 GiB of resident memory at Qwen2.5-0.5B's shape, where the weights take 1.8."""
+        if (self.packed or rows > PACKED_MAX_ROWS or steps < PACKED_MIN_STEPS
+                or self.parameters < PACKED_MIN_PARAMETERS):
             return self
         decoder = copy.copy(self)
         decoder.weights = self.weights + [self.ops.native_packed_products(self.weights, self.has_qkv_bias,
                                                                           self.transpose_lm_head)]
+        decoder.packed = True
         return decoder
 
+    @cached_property
     def parameters(self):
-        """How many values the op's weights hold."""
-        return sum(math.prod(w.shape) for w in self.weights)
+        """How many values the model's tensors hold (a session asks at every decode step: counted once)."""
+        return sum(math.prod(w.shape) for w in (self.weights[:-1] if self.packed else self.weights))
 
     def rope_tables(self, length):
         """cos and sin of positions [0, length): [length, head_dim] float32 (the model's own tables)."""
@@ -253,7 +257,7 @@ class NativeCacheSession:
 
     def __init__(self, decoder, batch_size, max_len, prompt_mask, real_positions=False, cache=None):
         new_tokens = max_len - prompt_mask.shape[1]
-        self.decoder, self.batch_size = decoder.for_session(batch_size, new_tokens), batch_size
+        self.decoder, self.batch_size = decoder, batch_size
         self.cache = decoder.new_cache(batch_size, max_len) if cache is None else cache
         generated = paddle.ones([batch_size, new_tokens], dtype="int64")
         self.key_valid = paddle.concat([prompt_mask.astype("int64"), generated], axis=1)
@@ -292,6 +296,8 @@ class NativeCacheSession:
 
     def forward(self, input_ids):
         start, length = self.position, input_ids.shape[1]
+        if length == 1:  # a decode step: decided on the rows it runs (repeated, or fewer once finished ones leave)
+            self.decoder = self.decoder.for_session(self.batch_size, self.key_valid.shape[1] - start)
         positions = (self.row_position.unsqueeze(1) + paddle.arange(length, dtype="int64")).clip(min=0)
         logits = self.decoder(input_ids.astype("int64"), positions, self.key_valid, self.cache, self.rope, start,
                               length - 1, length)

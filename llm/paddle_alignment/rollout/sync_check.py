@@ -81,7 +81,7 @@ class NativeProbe:
                        paddle.ones([rows, length], dtype="int64"), native.new_cache(rows, length),
                        native.rope_tables(length))
         self.labels = input_ids[:, PROBE_PROMPT_TOKENS:]
-        self.one_thread = native.parameters() < self.SMALL_MODEL_PARAMETERS
+        self.one_thread = native.parameters < self.SMALL_MODEL_PARAMETERS
 
     def logprobs(self, native, temperature):
         length = self.inputs[0].shape[1]

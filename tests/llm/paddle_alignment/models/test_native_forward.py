@@ -150,7 +150,7 @@ def test_sessions_of_few_rows_and_many_steps_run_on_packed_weights(ops, monkeypa
     model = tiny_model(architecture, tied, **overrides)
     native = NativeDecoder.for_model(model)
     assert native.for_session(1, 100) is native  # a model under PACKED_MIN_PARAMETERS
-    monkeypatch.setattr(native_forward, "PACKED_MIN_PARAMETERS", native.parameters())
+    monkeypatch.setattr(native_forward, "PACKED_MIN_PARAMETERS", native.parameters)
     assert native.for_session(native_forward.PACKED_MAX_ROWS + 1, 100) is native
     assert native.for_session(native_forward.PACKED_MAX_ROWS, 5) is native
     packed = native.for_session(1, 6).weights
@@ -164,6 +164,38 @@ def test_sessions_of_few_rows_and_many_steps_run_on_packed_weights(ops, monkeypa
     assert len(session.decoder.weights) == len(native.weights) + 1
     np.testing.assert_array_equal(tokens, eager_tokens)
     np.testing.assert_allclose(logits, eager_logits, **TOLERANCE)
+
+
+def test_a_session_packs_once_its_decode_rows_are_few(ops, monkeypatch):
+    """A session decides at each decode step, on the rows that step runs: prompts repeated past PACKED_MAX_ROWS run on
+    the plain weights, packed once finished rows leave few enough with PACKED_MIN_STEPS to go, and kept packed to
+    the end; the logits equal the eager decoder's throughout."""
+    for name, value in (("PACKED_MIN_PARAMETERS", 0), ("PACKED_MAX_ROWS", 2), ("PACKED_MIN_STEPS", 4)):
+        monkeypatch.setattr(native_forward, name, value)
+    model = tiny_model("qwen2")
+    prompt_ids, prompt_mask = padded_batch([6, 2], 6, [0, 0], 0)
+
+    def run():
+        decoder = StaticCacheDecoder(model, 2, 6 + 6, prompt_mask)
+        logits = [paddle.repeat_interleave(decoder.prefill(prompt_ids), 2, axis=0)]
+        decoder.repeat_rows(2)  # 4 rows
+        packed = []
+        for kept in (None, [0, 3], [1], None, None):  # 4 rows with 6 steps to go, 2 with 5, 1 with 4, 3, 2
+            tokens = paddle.argmax(logits[-1], axis=-1)
+            if kept is not None:
+                decoder.keep_rows(paddle.to_tensor(kept, dtype="int64"))
+                tokens = paddle.index_select(tokens, paddle.to_tensor(kept, dtype="int64"))
+            logits.append(decoder.step(tokens))
+            packed.append(decoder.native and decoder.native.decoder.packed)
+        return [l.numpy() for l in logits], packed
+
+    with paddle.no_grad():
+        logits, packed = run()
+        monkeypatch.setenv(NATIVE_SWITCH, "off")
+        eager_logits, _ = run()
+    assert packed == [False, True, True, True, True]
+    for mine, eager in zip(logits, eager_logits):
+        np.testing.assert_allclose(mine, eager, **TOLERANCE)
 
 
 def test_packed_products_read_the_weights_as_they_were_packed(ops, monkeypatch):

@@ -17,7 +17,8 @@ min_new_tokens) makes that exact, so both do the same work. The step is config/t
 GRPO (token-mean, clip 0.2/0.28, k3 KL to a reference model with coefficient 0.04), one optimizer step
 over the batch in micro-batches of --micro_batch rows (TRL: per_device_train_batch_size, with
 steps_per_generation = gradient_accumulation_steps), the in-process `arith` rule reward, float32, and
-recompute (TRL: gradient_checkpointing) only with --recompute. Each trainer runs in its own process,
+recompute (TRL: gradient_checkpointing) only with --recompute; with --share_prompt_forward our update runs
+each prompt once for the samples of a micro-batch (share_prompt_forward). Each trainer runs in its own process,
 so each peak RSS is its own; both time their first step (no warm-up: one real-size step takes minutes).
 
 The static footprint is what a step must hold whatever its batch: the policy's weights, gradients and
@@ -119,6 +120,7 @@ def run_ours(args, model, prompts):
         "--gradient_accumulation_steps", str(completions // args.micro_batch),
         "--kl_loss_coeff", "0.04", "--kl_estimator", "k3",
         "--recompute", "true" if args.recompute else "false",
+        "--share_prompt_forward", "true" if args.share_prompt_forward else "false",
         "--max_steps", "1", "--disable_tqdm", "true",
     ])
     trainer.prepare_training()
@@ -158,7 +160,8 @@ def run_trl(args, model, prompts):
 
 def step(args, model, prompts):
     print(f"work: {args.prompts} prompts of {args.prompt_tokens} tokens x {args.samples} samples x exactly "
-          f"{args.new_tokens} new tokens, micro-batches of {args.micro_batch} rows, recompute {'on' if args.recompute else 'off'}")
+          f"{args.new_tokens} new tokens, micro-batches of {args.micro_batch} rows, recompute {'on' if args.recompute else 'off'}, "
+          f"prompts shared {'on' if args.share_prompt_forward else 'off'}")
     command = [sys.executable, os.path.abspath(__file__), "--internal_ours", *sys.argv[1:]]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
@@ -319,6 +322,7 @@ def main():
     parser.add_argument("--new_tokens", type=int, default=512)
     parser.add_argument("--micro_batch", type=int, default=2, help="rows per forward with gradient")
     parser.add_argument("--recompute", action="store_true", help="recompute (TRL: gradient checkpointing)")
+    parser.add_argument("--share_prompt_forward", action="store_true", help="our update runs each prompt once for its samples")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32], help="--mode packing's row counts")
     parser.add_argument("--repeats", type=int, default=10, help="--mode packing's steps per variant and row count")
     parser.add_argument("--trl_python", default=None, help="a Python with torch, transformers and trl (see bench_trl_grpo.py)")

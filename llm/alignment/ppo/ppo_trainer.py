@@ -519,7 +519,8 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         micro-batch (a mean per micro-batch, so averaged over the accumulation steps)."""
         with self.autocast_smart_context_manager():
             logprobs, entropy = response_token_stats(
-                self.model_wrapped, micro, self.args.temperature, self.args.logprob_chunk_tokens
+                self.model_wrapped, micro, self.args.temperature, self.args.logprob_chunk_tokens,
+                share_prompts=self.args.share_prompt_forward,
             )
         loss, stats = self.policy_objective.loss(
             logprobs, entropy, micro.old_logprobs, micro.ref_logprobs, micro.advantages, micro.response_mask, scale,

@@ -183,6 +183,10 @@ class BatchSizeArguments:
         default=DEFAULT_CHUNK_TOKENS,
         metadata={"help": "Response tokens whose logits exist at once in the log-prob and entropy passes, forward and backward: the LM head projects this many positions at a time, so memory does not grow with the vocabulary times the batch (Qwen2.5's 151,936 entries: 0.3 GB of float32 logits per 512 tokens, and as much again for their gradient). More tokens than this in a micro-batch cost one more product of the head in the backward (each chunk's logits are made again there). 0: the whole micro-batch at once."},
     )
+    share_prompt_forward: bool = field(
+        default=False,
+        metadata={"help": "Rows of one micro-batch with the same prompt (a GRPO group's samples) run its forward once: its keys and values go to each row's response, and the gradient through them sums over the rows. The log-probs, entropies and gradients are the whole rows' (to float rounding); the saving is the prompt tokens of all but one row of each group: at 4 samples of 256 prompt and 512 response tokens, a quarter of the tokens. Applies to the policy's update and to the log-prob passes (reference and behaviour), with a plain LM head; rows share only within a micro-batch. Off until checked on GPUs (flash attention, sequence parallel)."},
+    )
     dataloader_shuffle: bool = field(default=True, metadata={"help": "Shuffle the prompts (each epoch anew, from the seed)."})
 
     def resolve_batch_sizes(self):

@@ -236,16 +236,27 @@ class NativeDecoder:
             self.transpose_lm_head, logits_start, logits_end, apply_lm_head,
         )
 
-    def response_hidden(self, input_ids, attention_mask, prompt_len):
+    def response_hidden(self, input_ids, attention_mask, prompt_len, groups=None):
         """The final-normed hidden states that predict each response token of left-padded prompts + responses:
         [B, R, H], for the LM head (`self.lm_head`) to project chunk by chunk (the trainer's
-        `response_token_stats`, positions counted over real tokens)."""
+        `response_token_stats`, positions counted over real tokens). With `groups` (ppo_model_utils.prompt_groups:
+        the first row of each distinct prompt, each row's among them) each prompt runs once, and its rows'
+        responses continue from its keys and values."""
         batch, length = input_ids.shape
-        attention_mask = attention_mask.astype("int64")
-        return self(
-            input_ids.astype("int64"), position_ids_from_mask(attention_mask), attention_mask,
-            self.new_cache(batch, length), self.rope_tables(length), 0, prompt_len - 1, length - 1, False,
-        )
+        input_ids, attention_mask = input_ids.astype("int64"), attention_mask.astype("int64")
+        positions, rope = position_ids_from_mask(attention_mask), self.rope_tables(length)
+        if groups is None:
+            return self(input_ids, positions, attention_mask, self.new_cache(batch, length), rope, 0, prompt_len - 1,
+                        length - 1, False)
+        first, row_prompt = groups
+        prompts = [paddle.index_select(x, first, axis=0) for x in (input_ids[:, :prompt_len], positions[:, :prompt_len], attention_mask)]
+        cache = self.new_cache(len(first), length)
+        last = paddle.index_select(self(*prompts, cache, rope, 0, prompt_len - 1, prompt_len, False), row_prompt, axis=0)
+        if length - prompt_len == 1:
+            return last
+        rest = self(input_ids[:, prompt_len:-1], positions[:, prompt_len:-1], attention_mask,
+                    paddle.index_select(cache, row_prompt, axis=2), rope, prompt_len, 0, length - prompt_len - 1, False)
+        return paddle.concat([last, rest], axis=1)
 
 
 class NativeCacheSession:

@@ -27,7 +27,7 @@ from paddle_alignment.micro_batches import MicroBatching
 from paddle_alignment.models.head_logprobs import head_token_stats
 from paddle_alignment.models.lora_utils import adapters_disabled
 from paddle_alignment.models.native_forward import NativeDecoder
-from paddle_alignment.models.ppo_model_utils import response_labels, response_token_stats
+from paddle_alignment.models.ppo_model_utils import response_labels, response_token_stats, shared_prompt_groups
 from paddle_alignment.models.tensor_parallel import is_tensor_parallel, whole
 from paddle_alignment.offload import OffloadPlan
 from paddle_alignment.rollout import sync_check, weights
@@ -168,8 +168,9 @@ class RolloutWorker:
         chunk_tokens, temperature = self.args.logprob_chunk_tokens, self.sampling.temperature
         with self.autocast():
             if native is None:
-                return whole(response_token_stats(model, exp, temperature, chunk_tokens)[0])
-            hidden = native.response_hidden(exp.input_ids, exp.attention_mask, exp.prompt_len)
+                return whole(response_token_stats(model, exp, temperature, chunk_tokens, self.args.share_prompt_forward)[0])
+            groups = shared_prompt_groups(exp) if self.args.share_prompt_forward else None
+            hidden = native.response_hidden(exp.input_ids, exp.attention_mask, exp.prompt_len, groups)
             head = native.lm_head
             return head_token_stats(hidden, head.weight, head.transpose, response_labels(exp), temperature, chunk_tokens)[0]
 

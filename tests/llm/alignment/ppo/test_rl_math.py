@@ -13,6 +13,7 @@ from paddle_alignment.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG
 from paddle_alignment.algos.losses import LossScale
 from paddle_alignment.algos.registry import Registry
 from paddle_alignment.algos.reward_shaping import shape_rewards
+from paddle_alignment.models import ppo_model_utils
 from paddle_alignment.models.ppo_model_utils import PolicyObjective, response_labels, response_logits
 from paddle_alignment.rollout.decode import generate_rollouts
 
@@ -133,6 +134,23 @@ def test_micro_batches_by_token_budget_train_as_the_fixed_split(tiny_world, tmp_
     assert dynamic["kl"] == pytest.approx(fixed["kl"], rel=1e-4, abs=1e-7)
     for name, value in weights_fixed.items():
         np.testing.assert_allclose(weights_dynamic[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_shared_prompt_forward_trains_as_whole_rows(tiny_world, tmp_path, monkeypatch):
+    """share_prompt_forward: the update's micro-batches of 16 rows (two prompts' 8 samples each) run each prompt
+    once; the step is the one whole rows give."""
+    monkeypatch.syspath_prepend(os.path.join(REPO_ROOT, "tests", "probes"))
+    common = dict(per_device_train_batch_size=16, kl_loss_coeff=0.1)
+    _, whole, weights_whole = fixed_step_metrics(tiny_world, tmp_path / "whole", **common)
+    shared_calls = []
+    original = ppo_model_utils.shared_prompt_hidden
+    monkeypatch.setattr(ppo_model_utils, "shared_prompt_hidden", lambda *a: shared_calls.append(1) or original(*a))
+    _, shared, weights_shared = fixed_step_metrics(tiny_world, tmp_path / "shared", share_prompt_forward="true", **common)
+    assert shared_calls  # the update took the shared path
+    assert shared["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-5)
+    assert shared["loss/policy_avg"] == pytest.approx(whole["loss/policy_avg"], rel=1e-5, abs=1e-7)
+    for name, value in weights_whole.items():
+        np.testing.assert_allclose(weights_shared[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 # ---- GSPO aggregates per sequence --------------------------------------------------------------------

@@ -18,13 +18,15 @@ from helpers import REPO_ROOT, built_paddlenlp_ops
 from paddle_alignment.algos.token_stats import gather_logprobs, position_ids_from_mask, tempered_logits
 from paddle_alignment.cpu_runtime import mkl_local_threads, mklml
 from paddle_alignment.experience import Experience
-from paddle_alignment.models import native_forward
+from paddle_alignment.models import native_forward, ppo_model_utils
 from paddle_alignment.models.fused_kernels import FUSED_OPS
 from paddle_alignment.models.fused_kernels import SWITCH as FUSED_SWITCH
 from paddle_alignment.models.head_logprobs import head_logits, head_token_stats
 from paddle_alignment.models.native_forward import NATIVE_OPS, NativeDecoder
 from paddle_alignment.models.native_forward import SWITCH as NATIVE_SWITCH
+from paddle_alignment.models.ppo_model_utils import shared_prompt_groups
 from paddle_alignment.models.static_cache_decoder import StaticCacheDecoder
+from paddle_alignment.rollout import worker as worker_module
 from paddle_alignment.rollout.worker import RolloutWorker
 
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
@@ -263,6 +265,36 @@ def test_unsupported_models_fall_back_with_one_warning(ops, caplog):
     assert "LoRA" in warnings[0] and "float32" in warnings[1]
 
 
+def test_shared_prompt_logprobs_match_the_whole_rows(ops, monkeypatch):
+    """share_prompt_forward in the log-prob passes: the native op and Paddle's forward, each running a prompt once
+    for the rows that share it (rows 0 and 1, 2 and 3; left-padded apart, responses right-padded apart), give the
+    log-probs of the whole rows."""
+    model = tiny_model("qwen2")
+    input_ids, mask = padded_batch([5, 5, 3, 3], 5, [4, 2, 1, 3], 4)
+    ids = input_ids.numpy()
+    ids[1, :5], ids[3, :5] = ids[0, :5], ids[2, :5]
+    input_ids = paddle.to_tensor(ids)
+    exp = Experience(input_ids, mask, mask[:, 5:].astype("float32"), paddle.arange(4), paddle.ones([4], "bool"),
+                     [""] * 4, [""] * 4, [""] * 4)
+    args = SimpleNamespace(per_device_logprob_batch_size=4, max_dec_len=4, min_dec_len=0, temperature=0.7, top_p=1.0,
+                           repetition_penalty=1.0, top_k=0, logprob_chunk_tokens=3, use_dynamic_batch_size=True,
+                           max_token_len_per_device=-1, tool_paths=[], environment_paths=[], share_prompt_forward=False)
+    worker = RolloutWorker(args, model, tokenizer=None, reward_scorer=None)
+    whole = worker.compute_logprobs(model, exp).numpy()
+    args.share_prompt_forward = True
+    shared_groups, shared_hidden = [], []
+    monkeypatch.setattr(worker_module, "shared_prompt_groups", lambda e: shared_groups.append(shared_prompt_groups(e)) or shared_groups[-1])
+    original = ppo_model_utils.shared_prompt_hidden
+    monkeypatch.setattr(ppo_model_utils, "shared_prompt_hidden", lambda *a: shared_hidden.append(1) or original(*a))
+    native = worker.compute_logprobs(model, exp).numpy()
+    monkeypatch.setenv(NATIVE_SWITCH, "off")
+    eager = worker.compute_logprobs(model, exp).numpy()
+    # one micro-batch (its rows in order of length), two prompts of two rows each, in each pass
+    assert [np.bincount(g[1].numpy()).tolist() for g in shared_groups] == [[2, 2]] and shared_hidden == [1]
+    np.testing.assert_allclose(native, whole, **TOLERANCE)
+    np.testing.assert_allclose(eager, whole, **TOLERANCE)
+
+
 def test_the_op_reads_parameters_replaced_after_its_first_pass(ops):
     model = tiny_model("qwen2")
     q_proj = model.qwen2.layers[1].self_attn.q_proj
@@ -283,7 +315,8 @@ def test_trainer_logprobs_match_the_eager_pass(ops, monkeypatch):
     # Two micro-batches of 2 and 1 rows, at temperature 0.7, the head applied to 3 positions at a time.
     args = SimpleNamespace(per_device_logprob_batch_size=2, max_dec_len=4, min_dec_len=0, temperature=0.7, top_p=1.0,
                            repetition_penalty=1.0, top_k=0, logprob_chunk_tokens=3,
-                           use_dynamic_batch_size=True, max_token_len_per_device=-1, tool_paths=[], environment_paths=[])
+                           use_dynamic_batch_size=True, max_token_len_per_device=-1, tool_paths=[], environment_paths=[],
+                           share_prompt_forward=False)
     worker = RolloutWorker(args, model, tokenizer=None, reward_scorer=None)
     assert NativeDecoder.for_model(model) is not None
     native = worker.compute_logprobs(model, exp)

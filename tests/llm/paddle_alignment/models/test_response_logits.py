@@ -14,7 +14,9 @@ from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Q
 
 from paddle_alignment.algos.token_stats import entropy_from_logits, gather_logprobs, position_ids_from_mask, tempered_logits
 from paddle_alignment.models.head_logprobs import head_token_stats
-from paddle_alignment.models.ppo_model_utils import chunkable_lm_head, lm_head_layer, response_logits, response_token_stats
+from paddle_alignment.models.ppo_model_utils import (
+    chunkable_lm_head, lm_head_layer, prompt_groups, response_logits, response_token_stats,
+)
 
 PROMPT_LEN, RESPONSE_LEN, VOCAB = 5, 4, 67
 
@@ -114,10 +116,11 @@ def stats_and_grads(function, model, exp, weights):
     return [logprobs.numpy(), entropy.numpy()], {n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def assert_same_stats_and_grads(model, exp, chunk_tokens, temperature=0.7, reference=whole_logits_stats):
+def assert_same_stats_and_grads(model, exp, chunk_tokens, temperature=0.7, reference=whole_logits_stats, function=None):
     rows, length = exp.input_ids.shape[0], exp.input_ids.shape[1] - exp.prompt_len
     weights = [paddle.randn([rows, length]), paddle.randn([rows, length])]
-    chunked = stats_and_grads(lambda m, e: response_token_stats(m, e, temperature, chunk_tokens), model, exp, weights)
+    function = function or (lambda m, e: response_token_stats(m, e, temperature, chunk_tokens))
+    chunked = stats_and_grads(function, model, exp, weights)
     whole = stats_and_grads(lambda m, e: reference(m, e, temperature), model, exp, weights)
     for got, expected in zip(chunked[0], whole[0]):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
@@ -175,3 +178,37 @@ def test_chunked_head_stats_with_ignored_labels_at_the_real_vocabulary(transpose
     assert results[0][0][0, 7] == 0 and results[0][0][2, 49] == 0
     for got, expected in zip(*results):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(expected).max()))
+
+
+def grouped_experience(samples=(3, 1, 2), response_len=RESPONSE_LEN):
+    """Rows of prompts repeated `samples` times each (a GRPO batch): prompts left-padded to different lengths,
+    responses right-padded to different ones."""
+    rng = np.random.default_rng(5)
+    rows, width = sum(samples), PROMPT_LEN + response_len
+    ids, mask = np.zeros((rows, width), "int64"), np.ones((rows, width), "int64")
+    row = 0
+    for group, count in enumerate(samples):
+        prompt = rng.integers(0, VOCAB, size=PROMPT_LEN)
+        for _ in range(count):
+            ids[row, :PROMPT_LEN] = prompt
+            mask[row, :group] = 0  # prompt g left-padded by g tokens
+            ids[row, PROMPT_LEN:] = rng.integers(0, VOCAB, size=response_len)
+            mask[row, width - row % response_len :] = 0  # responses ended early, by different amounts
+            row += 1
+    ids[mask == 0] = 0  # padding holds the pad id
+    return SimpleNamespace(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask), prompt_len=PROMPT_LEN)
+
+
+@pytest.mark.parametrize("name", ["qwen2-tied", "llama", "lora-qwen2"])
+@pytest.mark.parametrize("response_len", [RESPONSE_LEN, 1])
+def test_shared_prompts_give_the_log_probs_entropies_and_gradients_of_whole_rows(name, response_len):
+    """share_prompts: each distinct prompt runs once and its rows' responses run on its keys and values; log-probs,
+    entropies and every gradient equal the whole rows' (prompts of 3, 1 and 2 samples, left-padded apart;
+    responses right-padded apart; one response token, where no response runs after the prompt)."""
+    model = MODELS[name]()
+    exp = grouped_experience(response_len=response_len)
+    first, row_prompt = prompt_groups(exp)
+    assert first.numpy().tolist() == [0, 3, 4] and row_prompt.numpy().tolist() == [0, 0, 0, 1, 2, 2]
+    whole = lambda m, e, t: response_token_stats(m, e, t, chunk_tokens=5)  # noqa: E731
+    shared = lambda m, e: response_token_stats(m, e, 0.7, chunk_tokens=5, share_prompts=True)  # noqa: E731
+    assert_same_stats_and_grads(model, exp, chunk_tokens=5, reference=whole, function=shared)

@@ -137,7 +137,7 @@ def test_micro_batches_by_token_budget_train_as_the_fixed_split(tiny_world, tmp_
 
 
 def test_shared_prompt_forward_trains_as_whole_rows(tiny_world, tmp_path, monkeypatch):
-    """share_prompt_forward: the update's micro-batches of 16 rows (two prompts' 8 samples each) run each prompt
+    """share_prompt_forward: the update's micro-batch of 16 rows (four prompts' 4 samples each) runs each prompt
     once; the step is the one whole rows give."""
     monkeypatch.syspath_prepend(os.path.join(REPO_ROOT, "tests", "probes"))
     common = dict(per_device_train_batch_size=16, kl_loss_coeff=0.1)

@@ -185,7 +185,7 @@ class BatchSizeArguments:
     )
     share_prompt_forward: bool = field(
         default=False,
-        metadata={"help": "Rows of one micro-batch with the same prompt (a GRPO group's samples) run its forward once: its keys and values go to each row's response, and the gradient through them sums over the rows. The log-probs, entropies and gradients are the whole rows' (to float rounding); the saving is the prompt tokens of all but one row of each group: at 4 samples of 256 prompt and 512 response tokens, a quarter of the tokens. Applies to the policy's update and to the log-prob passes (reference and behaviour), with a plain LM head; rows share only within a micro-batch. Not with use_flash_attention (paddlenlp's flash path would mask the responses wrongly: the run stops); off until checked on GPUs."},
+        metadata={"help": "Rows of one micro-batch with the same prompt (a GRPO group's samples) run its forward once: its keys and values go to each row's response, and the gradient through them sums over the rows. The log-probs, entropies and gradients are the whole rows' (to float rounding); the saving is the prompt tokens of all but one row of each group: at 4 samples of 256 prompt and 512 response tokens, a quarter of the tokens. Applies to the policy's update and to the log-prob passes (reference and behaviour), with a plain LM head; rows share only within a micro-batch. Off until checked on GPUs (with flash attention the responses' attention is handed its whole mask: proven on CPU's math backend only)."},
     )
     dataloader_shuffle: bool = field(default=True, metadata={"help": "Shuffle the prompts (each epoch anew, from the seed)."})
 
@@ -240,13 +240,6 @@ class BatchSizeArguments:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         if self.logprob_chunk_tokens < 0:
             raise ValueError(f"logprob_chunk_tokens must be 0 (no chunks) or positive, got {self.logprob_chunk_tokens}")
-        if self.share_prompt_forward and self.use_flash_attention:
-            raise ValueError(
-                "share_prompt_forward with use_flash_attention: paddlenlp's flash-attention path asks "
-                "scaled_dot_product_attention for a causal mask, which it aligns to the first key when a response runs "
-                "after its prompt's keys and values, and drops the padding mask: the log-probs would be wrong without "
-                "an error. Set one of them false"
-            )
         if self.dynamic_sampling and self.global_gen_batch_size > 0 and self.global_gen_batch_size % self.dataset_world_size:
             raise ValueError(
                 f"global_gen_batch_size={self.global_gen_batch_size} must divide over the {self.dataset_world_size} data-parallel ranks"

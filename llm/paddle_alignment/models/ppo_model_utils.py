@@ -21,7 +21,7 @@ from paddle_alignment.algos.masked import masked_mean
 from paddle_alignment.algos.registry import call_with_options
 from paddle_alignment.algos.rollout_correction import mismatch_metrics, turn_mismatch_metrics
 from paddle_alignment.algos.token_stats import position_ids_from_mask
-from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
+from paddle_alignment.models.fused_kernels import ATTENTIONS, token_logprobs_and_entropy
 from paddle_alignment.models.head_logprobs import DEFAULT_CHUNK_TOKENS, head_token_stats
 
 logger = logging.getLogger(__name__)
@@ -258,6 +258,52 @@ def warn_prompts_unshared():
                    "tensor parallel), so each row runs its whole prompt")
 
 
+@contextlib.contextmanager
+def masked_attention_after_cache(model):
+    """Within, the attention layers of `model` on paddlenlp's flash-attention branch take their mask whole
+    where queries follow cached keys (the responses of shared_prompt_hidden). That branch asks Paddle's
+    scaled_dot_product_attention for a causal mask besides, and with fewer queries than keys every backend
+    Paddle 3.3 can choose then aligns the triangle to the first key and drops the padding mask (docs/real_size.md).
+    The other branch adds the mask itself and is left alone."""
+    layers = [layer for layer in model.sublayers(include_self=True)
+              if isinstance(layer, ATTENTIONS) and layer.config.use_flash_attention]
+    for layer in layers:
+        layer.attn_func = AttentionAfterCache(layer.attn_func)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.attn_func = layer.attn_func.original
+
+
+class AttentionAfterCache:
+    """An attention layer's `attn_func` for masked_attention_after_cache: paddlenlp's own (`original`) where
+    queries and keys are as many, else scaled_dot_product_attention given only the mask, on any device."""
+
+    def __init__(self, original):
+        self.original = original
+
+    def __call__(self, query, config, key, value, attention_mask, output_attentions, *args, **kwargs):
+        batch, queries, heads, head_dim = query.shape
+        if queries == key.shape[1]:
+            return self.original(query, config, key, value, attention_mask, output_attentions, *args, **kwargs)
+        extras = {"alibi": bool(args), "output_attentions": output_attentions, "sequence_parallel": kwargs.get("sequence_parallel"),
+                  "attn_mask_startend_row_indices": kwargs.get("attn_mask_startend_row_indices") is not None}
+        if any(extras.values()):
+            unsupported = ", ".join(name for name, on in extras.items() if on)
+            raise ValueError(f"share_prompt_forward: the responses' attention after a shared prompt runs without {unsupported}")
+        if attention_mask is None:  # dropped by paddlenlp as causal: no prompt is padded (its first key would be masked)
+            attention_mask = causal_mask_after_cache(queries, key.shape[1], query.dtype)
+        out = paddle.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, is_causal=False)
+        return out.reshape([batch, queries, heads * head_dim])
+
+
+def causal_mask_after_cache(queries, keys, dtype):
+    """[1, 1, queries, keys] additive mask: query i, the (keys - queries + i)-th token, sees the keys up to itself."""
+    visible = paddle.tril(paddle.ones([queries, keys], dtype="bool"), diagonal=keys - queries)
+    return paddle.where(visible, 0.0, paddle.finfo(dtype).min).astype(dtype)[None, None]
+
+
 def prompt_groups(exp):
     """(the first row of each distinct prompt, each row's index among them) [G], [B] int64: rows whose prompt
     tokens and mask are equal (a GRPO group's samples) share a prompt."""
@@ -292,7 +338,7 @@ def shared_prompt_hidden(model, head, exp, first, row_prompt):
     if width - prompt_len == 1:
         return last
     past = [tuple(paddle.index_select(t, row_prompt, axis=0) for t in layer) for layer in out.past_key_values]
-    with lm_head_skipped(head, slice(None)):
+    with lm_head_skipped(head, slice(None)), masked_attention_after_cache(model):
         hidden = model(input_ids=exp.input_ids[:, prompt_len:-1], attention_mask=exp.attention_mask[:, :-1],
                        position_ids=positions[:, prompt_len:-1], past_key_values=past, use_cache=False,
                        return_dict=True).logits

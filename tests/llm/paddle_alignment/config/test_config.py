@@ -11,7 +11,6 @@ from helpers import REPO_ROOT, BASE, parse
 from llm.alignment.rm.run_reward import ARGUMENT_CLASSES as REWARD_ARGUMENTS
 from llm.run_finetune import ARGUMENT_CLASSES as FINETUNE_ARGUMENTS
 from llm.tools.build_real_model import real_config
-from paddle_alignment.config import arguments
 from paddle_alignment.config.arguments import ARGUMENT_CLASSES, check_parallel_degrees, parse_arguments
 from paddle_alignment.config.paddlenlp_keys import canonical_options
 from paddle_alignment.models.tensor_parallel import check_splittable
@@ -133,18 +132,6 @@ def test_bad_configs_fail_naming_the_key(tmp_path, changes, message):
 def test_an_environment_may_be_the_only_reward_source(tmp_path):
     _, _, args = parse(tmp_path, use_rule_reward=False, environment="envs:Guess")
     assert args.environment_paths == ["envs:Guess"] and args.multi_turn and not args.use_rule_reward
-
-
-
-def test_shared_prompts_are_refused_with_flash_attention_on_an_accelerator(tmp_path, monkeypatch):
-    """paddlenlp's flash branch masks a response that runs after its prompt's keys wrongly, without an error
-    (docs/real_size.md), so the two keys together stop the run; on CPU flash attention is switched off first."""
-    _, _, args = parse(tmp_path, share_prompt_forward=True, use_flash_attention=True)
-    assert args.share_prompt_forward and not args.use_flash_attention
-    monkeypatch.setattr(arguments, "runs_on_accelerator", lambda args: True)
-    with pytest.raises(ValueError, match="share_prompt_forward with use_flash_attention: .* Set one of them false"):
-        parse(tmp_path, share_prompt_forward=True, use_flash_attention=True)
-    assert parse(tmp_path, share_prompt_forward=True)[2].share_prompt_forward
 
 
 def test_missing_and_malformed_files(tmp_path):

@@ -4,18 +4,20 @@ head) and Llama, a LoRA-wrapped actor, and a model without a separate head. And 
 log-probs and entropies taken a chunk of tokens at a time from the hidden states, against those of the whole
 logits, at the tiny vocabulary and at Qwen2.5's 151,936 entries."""
 
+import contextlib
 from types import SimpleNamespace
 
 import numpy as np
 import paddle
 import pytest
 from paddlenlp.peft import LoRAConfig, LoRAModel
-from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2Model
+from paddlenlp.transformers.qwen2.modeling import scaled_dot_product_attention as qwen2_scaled_dot_product_attention
 
 from paddle_alignment.algos.token_stats import entropy_from_logits, gather_logprobs, position_ids_from_mask, tempered_logits
 from paddle_alignment.models.head_logprobs import head_token_stats
 from paddle_alignment.models.ppo_model_utils import (
-    chunkable_lm_head, lm_head_layer, prompt_groups, response_logits, response_token_stats,
+    AttentionAfterCache, chunkable_lm_head, lm_head_layer, prompt_groups, response_logits, response_token_stats,
 )
 
 PROMPT_LEN, RESPONSE_LEN, VOCAB = 5, 4, 67
@@ -212,3 +214,59 @@ def test_shared_prompts_give_the_log_probs_entropies_and_gradients_of_whole_rows
     whole = lambda m, e, t: response_token_stats(m, e, t, chunk_tokens=5)  # noqa: E731
     shared = lambda m, e: response_token_stats(m, e, 0.7, chunk_tokens=5, share_prompts=True)  # noqa: E731
     assert_same_stats_and_grads(model, exp, chunk_tokens=5, reference=whole, function=shared)
+
+
+@contextlib.contextmanager
+def flash_attention_branch(model):
+    """paddlenlp's flash-attention branch in `model`'s layers (on CPU its scaled_dot_product_attention runs the
+    math backend, which puts a causal triangle aligned to the first key in place of any mask it is given)."""
+    configs = {id(layer.config): layer.config for layer in model.sublayers(include_self=True) if hasattr(layer, "config")}
+    for config in configs.values():
+        config.use_flash_attention = True
+    try:
+        yield
+    finally:
+        for config in configs.values():
+            config.use_flash_attention = False
+
+
+@pytest.mark.parametrize("name", ["qwen2-tied", "llama", "lora-qwen2"])
+def test_shared_prompts_on_the_flash_attention_branch_give_the_whole_rows(name):
+    """With flash attention configured, the responses after a shared prompt's keys still see exactly the prompt
+    and their own past: paddlenlp would ask for a causal mask aligned to the first key (0.05-0.09 off here
+    before). Unpadded rows, whose mask paddlenlp drops as causal; on CPU the math backend would also drop a
+    padded prompt's mask in the prompt's own forward, so padding is tested on the attention alone below."""
+    model = MODELS[name]()
+    exp = grouped_experience()
+    exp.attention_mask = paddle.ones_like(exp.attention_mask)
+    whole = lambda m, e, t: response_token_stats(m, e, t, chunk_tokens=5)  # noqa: E731
+
+    def shared(m, e):
+        with flash_attention_branch(m):
+            return response_token_stats(m, e, 0.7, chunk_tokens=5, share_prompts=True)
+
+    assert_same_stats_and_grads(model, exp, chunk_tokens=5, reference=whole, function=shared)
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_attention_after_cache_takes_the_mask_whole(padded):
+    """AttentionAfterCache on paddlenlp's flash branch (grouped k and v heads, as that branch has them) equals
+    paddlenlp's other branch on repeated heads, with the additive mask paddlenlp makes for queries after cached
+    keys: left-padded keys, or no mask at all (dropped as causal), values and gradients."""
+    rng = np.random.default_rng(3)
+    batch, queries, keys, heads, kv_heads, head_dim = 3, 4, 9, 4, 2, 8
+    q, k, v = (paddle.to_tensor(rng.normal(size=[batch, n, h, head_dim]).astype("float32"), stop_gradient=False)
+               for n, h in ((queries, heads), (keys, kv_heads), (keys, kv_heads)))
+    valid = np.ones([batch, keys], "int64")
+    valid[1, :2] = valid[2, :1] = 0
+    mask = Qwen2Model._prepare_decoder_attention_mask(
+        paddle.to_tensor(valid if padded else np.ones_like(valid)), (batch, queries), keys - queries, "float32")
+    flash, plain = (SimpleNamespace(use_flash_attention=on, attention_dropout=0.0) for on in (True, False))
+    got = AttentionAfterCache(qwen2_scaled_dot_product_attention)(q, flash, k, v, mask if padded else None, False)
+    repeat = lambda t: paddle.repeat_interleave(t, heads // kv_heads, axis=2)  # noqa: E731
+    expected = qwen2_scaled_dot_product_attention(q, plain, repeat(k), repeat(v), mask, False, training=False)
+    weights = paddle.to_tensor(rng.normal(size=got.shape).astype("float32"))
+    grads = [paddle.grad((out * weights).sum(), [q, k, v]) for out in (got, expected)]
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(*grads):
+        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)

@@ -185,7 +185,7 @@ class BatchSizeArguments:
     )
     share_prompt_forward: bool = field(
         default=False,
-        metadata={"help": "Rows of one micro-batch with the same prompt (a GRPO group's samples) run its forward once: its keys and values go to each row's response, and the gradient through them sums over the rows. The log-probs, entropies and gradients are the whole rows' (to float rounding); the saving is the prompt tokens of all but one row of each group: at 4 samples of 256 prompt and 512 response tokens, a quarter of the tokens. Applies to the policy's update and to the log-prob passes (reference and behaviour), with a plain LM head; rows share only within a micro-batch. Off until checked on GPUs (with flash attention the responses' attention is handed its whole mask: proven on CPU's math backend only)."},
+        metadata={"help": "Rows of one micro-batch with the same prompt (a GRPO group's samples) run its forward once: its keys and values go to each row's response, and the gradient through them sums over the rows. The log-probs, entropies and gradients are the whole rows' (to float rounding); the saving is the prompt tokens of all but one row of each group: at 4 samples of 256 prompt and 512 response tokens, a quarter of the tokens. Applies to the policy's update and to the log-prob passes (reference and behaviour), with a plain LM head; rows share only within a micro-batch. Its forwards recompute without reentrancy, and with flash attention the responses' attention takes its whole mask (proven on CPU's math backend only): off until checked on GPUs."},
     )
     dataloader_shuffle: bool = field(default=True, metadata={"help": "Shuffle the prompts (each epoch anew, from the seed)."})
 

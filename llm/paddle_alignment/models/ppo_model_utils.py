@@ -259,25 +259,33 @@ def warn_prompts_unshared():
 
 
 @contextlib.contextmanager
-def masked_attention_after_cache(model):
-    """Within, the attention layers of `model` on paddlenlp's flash-attention branch take their mask whole
-    where queries follow cached keys (the responses of shared_prompt_hidden). That branch asks Paddle's
-    scaled_dot_product_attention for a causal mask besides, and with fewer queries than keys every backend
-    Paddle 3.3 can choose then aligns the triangle to the first key and drops the padding mask (docs/real_size.md).
-    The other branch adds the mask itself and is left alone."""
-    layers = [layer for layer in model.sublayers(include_self=True)
-              if isinstance(layer, ATTENTIONS) and layer.config.use_flash_attention]
-    for layer in layers:
+def layers_for_shared_prompts(model):
+    """Within, `model`'s paddlenlp layers run shared_prompt_hidden's two forwards as it needs:
+    - recompute without reentrancy: Paddle's reentrant recompute keeps gradients only for the tensors handed to
+      it or returned by it directly, not for those in a tuple, so the keys and values the prompt's forward
+      returns and the responses' forward takes (past_key_values) would carry no gradient back to the prompt;
+    - on the flash-attention branch, the responses' attention mask whole (AttentionAfterCache): that branch asks
+      Paddle's scaled_dot_product_attention for a causal mask besides, which with fewer queries than keys every
+      backend Paddle 3.3 can choose aligns to the first key, dropping the padding mask (docs/real_size.md)."""
+    layers = model.sublayers(include_self=True)
+    reentrant = {id(layer.config): layer.config for layer in layers
+                 if getattr(getattr(layer, "config", None), "recompute_use_reentrant", False)}
+    flash = [layer for layer in layers if isinstance(layer, ATTENTIONS) and layer.config.use_flash_attention]
+    for config in reentrant.values():
+        config.recompute_use_reentrant = False
+    for layer in flash:
         layer.attn_func = AttentionAfterCache(layer.attn_func)
     try:
         yield
     finally:
-        for layer in layers:
+        for config in reentrant.values():
+            config.recompute_use_reentrant = True
+        for layer in flash:
             layer.attn_func = layer.attn_func.original
 
 
 class AttentionAfterCache:
-    """An attention layer's `attn_func` for masked_attention_after_cache: paddlenlp's own (`original`) where
+    """An attention layer's `attn_func` for layers_for_shared_prompts: paddlenlp's own (`original`) where
     queries and keys are as many, else scaled_dot_product_attention given only the mask, on any device."""
 
     def __init__(self, original):
@@ -331,15 +339,16 @@ def shared_prompt_hidden(model, head, exp, first, row_prompt):
     prompt_len, width = exp.prompt_len, exp.input_ids.shape[1]
     positions = position_ids_from_mask(exp.attention_mask)
     prompts = [paddle.index_select(x[:, :prompt_len], first, axis=0) for x in (exp.input_ids, exp.attention_mask, positions)]
-    with lm_head_skipped(head, slice(prompt_len - 1, prompt_len)):
-        out = model(input_ids=prompts[0], attention_mask=prompts[1], position_ids=prompts[2], use_cache=True,
-                    return_dict=True)
-    last = paddle.index_select(out.logits, row_prompt, axis=0)  # predicts each row's first response token
-    if width - prompt_len == 1:
-        return last
-    past = [tuple(paddle.index_select(t, row_prompt, axis=0) for t in layer) for layer in out.past_key_values]
-    with lm_head_skipped(head, slice(None)), masked_attention_after_cache(model):
-        hidden = model(input_ids=exp.input_ids[:, prompt_len:-1], attention_mask=exp.attention_mask[:, :-1],
-                       position_ids=positions[:, prompt_len:-1], past_key_values=past, use_cache=False,
-                       return_dict=True).logits
+    with layers_for_shared_prompts(model):
+        with lm_head_skipped(head, slice(prompt_len - 1, prompt_len)):
+            out = model(input_ids=prompts[0], attention_mask=prompts[1], position_ids=prompts[2], use_cache=True,
+                        return_dict=True)
+        last = paddle.index_select(out.logits, row_prompt, axis=0)  # predicts each row's first response token
+        if width - prompt_len == 1:
+            return last
+        past = [tuple(paddle.index_select(t, row_prompt, axis=0) for t in layer) for layer in out.past_key_values]
+        with lm_head_skipped(head, slice(None)):
+            hidden = model(input_ids=exp.input_ids[:, prompt_len:-1], attention_mask=exp.attention_mask[:, :-1],
+                           position_ids=positions[:, prompt_len:-1], past_key_values=past, use_cache=False,
+                           return_dict=True).logits
     return paddle.concat([last, hidden], axis=1)

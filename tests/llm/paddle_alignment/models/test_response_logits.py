@@ -23,11 +23,12 @@ from paddle_alignment.models.ppo_model_utils import (
 PROMPT_LEN, RESPONSE_LEN, VOCAB = 5, 4, 67
 
 
-def tiny_causal_lm(model_class, config_class, tie_word_embeddings):
+def tiny_causal_lm(model_class, config_class, tie_word_embeddings, **config):
     paddle.seed(0)
     return model_class(config_class(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tie_word_embeddings, dtype="float32",
+        **config,
     ))
 
 
@@ -215,6 +216,22 @@ def test_shared_prompts_give_the_log_probs_entropies_and_gradients_of_whole_rows
     shared = lambda m, e: response_token_stats(m, e, 0.7, chunk_tokens=5, share_prompts=True)  # noqa: E731
     assert_same_stats_and_grads(model, exp, chunk_tokens=5, reference=whole, function=shared)
 
+
+
+@pytest.mark.parametrize("granularity", ["full", "full_attn"])
+@pytest.mark.parametrize("model_class, config_class", [(Qwen2ForCausalLM, Qwen2Config), (LlamaForCausalLM, LlamaConfig)])
+def test_shared_prompts_under_reentrant_recompute_keep_the_prompts_gradient(model_class, config_class, granularity):
+    """Paddle's reentrant recompute (PaddleNLP's GRPO configs set recompute_use_reentrant) passes no gradient to
+    the prompt's keys and values, which reach the layers in a tuple: the shared forward recomputes without
+    reentrancy, and the model's setting is its own again afterwards."""
+    model = tiny_causal_lm(model_class, config_class, False, recompute=True, recompute_granularity=granularity,
+                           recompute_use_reentrant=True)
+    model.recompute_enable()  # as the trainer's models (models/rl_models.py)
+    model.train()
+    whole = lambda m, e, t: response_token_stats(m, e, t, chunk_tokens=5)  # noqa: E731
+    shared = lambda m, e: response_token_stats(m, e, 0.7, chunk_tokens=5, share_prompts=True)  # noqa: E731
+    assert_same_stats_and_grads(model, grouped_experience(), chunk_tokens=5, reference=whole, function=shared)
+    assert model.config.recompute_use_reentrant
 
 @contextlib.contextmanager
 def flash_attention_branch(model):

@@ -218,7 +218,7 @@ def test_shared_prompts_give_the_log_probs_entropies_and_gradients_of_whole_rows
 
 
 
-@pytest.mark.parametrize("granularity", ["full", "full_attn"])
+@pytest.mark.parametrize("granularity", ["full", "full_attn", "core_attn"])
 @pytest.mark.parametrize("model_class, config_class", [(Qwen2ForCausalLM, Qwen2Config), (LlamaForCausalLM, LlamaConfig)])
 def test_shared_prompts_under_reentrant_recompute_keep_the_prompts_gradient(model_class, config_class, granularity):
     """Paddle's reentrant recompute (PaddleNLP's GRPO configs set recompute_use_reentrant) passes no gradient to

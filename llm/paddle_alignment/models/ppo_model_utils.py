@@ -264,22 +264,25 @@ def layers_for_shared_prompts(model):
     - recompute without reentrancy: Paddle's reentrant recompute keeps gradients only for the tensors handed to
       it or returned by it directly, not for those in a tuple, so the keys and values the prompt's forward
       returns and the responses' forward takes (past_key_values) would carry no gradient back to the prompt;
+    - the unfused rotary embedding (the same rotation): paddlenlp's fused one asserts there are no cached keys;
     - on the flash-attention branch, the responses' attention mask whole (AttentionAfterCache): that branch asks
       Paddle's scaled_dot_product_attention for a causal mask besides, which with fewer queries than keys every
       backend Paddle 3.3 can choose aligns to the first key, dropping the padding mask (docs/real_size.md)."""
     layers = model.sublayers(include_self=True)
-    reentrant = {id(layer.config): layer.config for layer in layers
-                 if getattr(getattr(layer, "config", None), "recompute_use_reentrant", False)}
-    flash = [layer for layer in layers if isinstance(layer, ATTENTIONS) and layer.config.use_flash_attention]
-    for config in reentrant.values():
-        config.recompute_use_reentrant = False
+    attentions = [layer for layer in layers if isinstance(layer, ATTENTIONS)]
+    switched = [(config, "recompute_use_reentrant") for config in {id(layer.config): layer.config for layer in layers
+                if getattr(getattr(layer, "config", None), "recompute_use_reentrant", False)}.values()]
+    switched += [(layer, "use_fused_rope") for layer in attentions if layer.use_fused_rope]
+    flash = [layer for layer in attentions if layer.config.use_flash_attention]
+    for owner, name in switched:
+        setattr(owner, name, False)
     for layer in flash:
         layer.attn_func = AttentionAfterCache(layer.attn_func)
     try:
         yield
     finally:
-        for config in reentrant.values():
-            config.recompute_use_reentrant = True
+        for owner, name in switched:
+            setattr(owner, name, True)
         for layer in flash:
             layer.attn_func = layer.attn_func.original
 

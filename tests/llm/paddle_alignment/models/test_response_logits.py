@@ -233,6 +233,21 @@ def test_shared_prompts_under_reentrant_recompute_keep_the_prompts_gradient(mode
     assert_same_stats_and_grads(model, grouped_experience(), chunk_tokens=5, reference=whole, function=shared)
     assert model.config.recompute_use_reentrant
 
+
+@pytest.mark.parametrize("name", ["qwen2-tied", "llama"])
+def test_shared_prompts_run_the_unfused_rotary_embedding(name):
+    """paddlenlp's fused rotary embedding (use_fused_rope, set by PaddleNLP's GRPO config) asserts there are no
+    cached keys: the shared forwards take the unfused one, which rotates alike, and the layers keep their own."""
+    model = MODELS[name]()
+    attentions = [layer for layer in model.sublayers() if hasattr(layer, "use_fused_rope")]
+    exp = grouped_experience()
+    whole = response_token_stats(model, exp, 0.7, chunk_tokens=5)[0].numpy()
+    for layer in attentions:
+        layer.use_fused_rope = True
+    shared = response_token_stats(model, exp, 0.7, chunk_tokens=5, share_prompts=True)[0].numpy()
+    np.testing.assert_allclose(shared, whole, rtol=1e-5, atol=1e-5)
+    assert attentions and all(layer.use_fused_rope for layer in attentions)
+
 @contextlib.contextmanager
 def flash_attention_branch(model):
     """paddlenlp's flash-attention branch in `model`'s layers (on CPU its scaled_dot_product_attention runs the

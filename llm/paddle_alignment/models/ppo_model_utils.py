@@ -21,6 +21,7 @@ from paddle_alignment.algos.masked import masked_mean
 from paddle_alignment.algos.registry import call_with_options
 from paddle_alignment.algos.rollout_correction import mismatch_metrics, turn_mismatch_metrics
 from paddle_alignment.algos.token_stats import position_ids_from_mask
+from paddle_alignment.distributed import sliced_by_sharding
 from paddle_alignment.models.fused_kernels import ATTENTIONS, token_logprobs_and_entropy
 from paddle_alignment.models.head_logprobs import DEFAULT_CHUNK_TOKENS, head_token_stats
 
@@ -212,11 +213,13 @@ def response_labels(exp):
 
 def chunkable_lm_head(model):
     """The LM head of `model` when its log-probs can be taken chunk by chunk from the hidden states (a plain
-    head whose whole weight is on this rank), else None."""
+    head whose whole weight this rank holds outside the head's forward), else None: not a head split by tensor
+    parallel, nor one sliced by sharding stage 3 (sliced_by_sharding)."""
     head = lm_head_layer(model)
     if type(head) not in HEAD_CLASSES:  # None, or a head with adapters: its logits are not hidden @ weight
         return None
-    if head.weight.is_distributed or (hasattr(head.weight, "is_dist") and head.weight.is_dist()):
+    weight = head.weight
+    if weight.is_distributed or (hasattr(weight, "is_dist") and weight.is_dist()) or sliced_by_sharding(weight):
         return None
     return head
 
@@ -254,8 +257,8 @@ def response_token_stats(model, exp, temperature=1.0, chunk_tokens=DEFAULT_CHUNK
 
 @functools.lru_cache(maxsize=None)
 def warn_prompts_unshared():
-    logger.warning("share_prompt_forward: this model's LM head is not a plain one on this rank (adapters, or split by "
-                   "tensor parallel), so each row runs its whole prompt")
+    logger.warning("share_prompt_forward: this model's LM head is not a plain one on this rank (adapters, split by "
+                   "tensor parallel, or sliced by sharding stage 3), so each row runs its whole prompt")
 
 
 @contextlib.contextmanager

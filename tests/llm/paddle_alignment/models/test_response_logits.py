@@ -144,6 +144,18 @@ def test_chunked_logprobs_and_entropies_match_the_whole_logits(name):
     assert full_logits_sliced(model, exp).shape[-1] == VOCAB
 
 
+
+def test_a_head_sliced_by_sharding_stage_3_takes_its_logits_in_its_forward():
+    """Sharding stage 3 keeps a slice of each weight (`fw_storage`) and gathers the whole one only within its
+    layer's forward and backward, so the chunks, which read the head's weight outside them, are not taken:
+    the head projects the response positions in its own forward, with the same results."""
+    model = MODELS["qwen2"]()
+    exp = experience()
+    expected = response_token_stats(model, exp, 0.7)[0].numpy()
+    model.lm_head.weight.fw_storage = paddle.zeros([1])  # as paddle's group_sharded stage 3 marks a weight
+    assert chunkable_lm_head(model) is None
+    np.testing.assert_allclose(response_token_stats(model, exp, 0.7)[0].numpy(), expected, rtol=1e-5, atol=1e-6)
+
 def test_chunked_logprobs_at_the_real_vocabulary():
     """Qwen2.5's 151,936-entry vocabulary (a narrow 2-layer model), 2 x 40 response tokens 16 at a time against
     one pass over the whole logits with the same kernels, at temperature 0.7 and 1.0, tied and untied head.

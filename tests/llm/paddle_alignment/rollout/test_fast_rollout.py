@@ -176,6 +176,16 @@ def test_an_other_paddlenlp_ops_falls_back_to_generate_with_one_warning(monkeypa
         custom_ops.paddlenlp_ops_with.cache_clear()
 
 
+
+def test_weights_sliced_by_sharding_stage_3_decode_through_generate(ops, tiny_world):
+    """Sharding stage 3 keeps each weight as a slice (`fw_storage`) and gathers it whole only within its layer's
+    forward, so the fast loop, which reads the weights itself, leaves the rollout to generate()."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
+    assert infer_utils.fast_path_ops(model, use_fast=True) is not None
+    model.qwen2.layers[0].mlp.up_proj.weight.fw_storage = paddle.zeros([1])  # as paddle's group_sharded stage 3 marks one
+    assert "sharding stage 3" in infer_utils.unsupported_reason(model)
+    assert infer_utils.fast_path_ops(model, use_fast=True) is None
+
 def test_responses_decode_as_batch_decode_skipping_special_tokens(tmp_path):
     """Special ids dropped before decoding give batch_decode's own skip_special_tokens=True text."""
     from llm.tools.build_tokenizer import build_tokenizer

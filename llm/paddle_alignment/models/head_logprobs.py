@@ -16,6 +16,7 @@ one chunk's share while it is added; the hidden states' gradient comes chunk by 
 
 import paddle
 from paddle.autograd import PyLayer
+from paddle.base import core
 
 from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
 
@@ -27,6 +28,19 @@ def head_logits(hidden, weight, transpose):
     if weight.dtype != hidden.dtype:  # autocast runs the head in the activations' precision
         weight = weight.astype(hidden.dtype)
     return paddle.matmul(hidden, weight, transpose_y=transpose)
+
+
+def autocast_state():
+    """paddle.amp.auto_cast's arguments for the autocast in force, which a PyLayer's backward runs outside of:
+    its recompute enters them again to compute as its forward did (as Paddle's recompute does). Under O1 the
+    head's product would otherwise run in float32 in the backward, and in bfloat16 in the forward."""
+    tracer = paddle.base.framework._dygraph_tracer()
+    white, black = tracer._get_amp_op_list()
+    return {
+        "enable": tracer._amp_level != core.AmpLevel.O0, "custom_white_list": white, "custom_black_list": black,
+        "level": "O2" if tracer._amp_level == core.AmpLevel.O2 else "O1",
+        "dtype": "float16" if tracer._amp_dtype == "float16" else "bfloat16",
+    }
 
 
 def chunk_bounds(tokens, chunk_tokens):
@@ -41,6 +55,7 @@ class ChunkedHeadStats(PyLayer):
     def forward(ctx, hidden, weight, labels, transpose, temperature, chunk_tokens):
         ctx.save_for_backward(hidden, weight, labels)
         ctx.options = (transpose, temperature, chunk_tokens)
+        ctx.autocast = autocast_state()
         logprobs, entropies = [], []
         with paddle.no_grad():
             for start, end in chunk_bounds(hidden.shape[0], chunk_tokens):
@@ -61,7 +76,7 @@ class ChunkedHeadStats(PyLayer):
         for start, end in chunk_bounds(hidden.shape[0], chunk_tokens):
             chunk = hidden[start:end].detach()
             chunk.stop_gradient = False
-            with paddle.enable_grad():
+            with paddle.enable_grad(), paddle.amp.auto_cast(**ctx.autocast):
                 outputs = token_logprobs_and_entropy(head_logits(chunk, head, transpose), labels[start:end], temperature)
             seeds = [(out, grad[start:end]) for out, grad in zip(outputs, (grad_logprobs, grad_entropy)) if grad is not None]
             paddle.autograd.backward([out for out, _ in seeds], [grad for _, grad in seeds])

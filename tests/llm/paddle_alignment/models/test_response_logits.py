@@ -15,6 +15,7 @@ from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Q
 from paddlenlp.transformers.qwen2.modeling import scaled_dot_product_attention as qwen2_scaled_dot_product_attention
 
 from paddle_alignment.algos.token_stats import entropy_from_logits, gather_logprobs, position_ids_from_mask, tempered_logits
+from paddle_alignment.models import head_logprobs
 from paddle_alignment.models.head_logprobs import head_token_stats
 from paddle_alignment.models.ppo_model_utils import (
     AttentionAfterCache, chunkable_lm_head, lm_head_layer, prompt_groups, response_logits, response_token_stats,
@@ -155,6 +156,30 @@ def test_a_head_sliced_by_sharding_stage_3_takes_its_logits_in_its_forward():
     model.lm_head.weight.fw_storage = paddle.zeros([1])  # as paddle's group_sharded stage 3 marks a weight
     assert chunkable_lm_head(model) is None
     np.testing.assert_allclose(response_token_stats(model, exp, 0.7)[0].numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_chunks_backward_computes_under_the_forwards_autocast(monkeypatch):
+    """A PyLayer's backward runs outside the caller's autocast (Paddle's recompute enters it again too), so under
+    O1 the chunks' recompute would take the head's product in float32 where the forward took it in bfloat16:
+    it enters the forward's autocast. CPU Paddle has no bfloat16 autocast, so the forward's state is given and
+    the autocast each chunk's recompute enters is recorded."""
+    assert not head_logprobs.autocast_state()["enable"]
+    forward = {"enable": True, "custom_white_list": {"matmul_v2"}, "custom_black_list": set(), "level": "O1", "dtype": "bfloat16"}
+    monkeypatch.setattr(head_logprobs, "autocast_state", lambda: forward)
+    entered = []
+
+    @contextlib.contextmanager
+    def recorded_auto_cast(**kwargs):
+        entered.append(kwargs)
+        yield
+
+    monkeypatch.setattr(paddle.amp, "auto_cast", recorded_auto_cast)
+    hidden = paddle.randn([1, 10, 16])
+    hidden.stop_gradient = False
+    logprobs, _ = head_token_stats(hidden, paddle.randn([VOCAB, 16]), True, paddle.randint(0, VOCAB, [1, 10]), 1.0, 4)
+    assert not entered
+    logprobs.sum().backward()
+    assert entered == [forward] * 3  # 10 tokens, 4 at a time
 
 def test_chunked_logprobs_at_the_real_vocabulary():
     """Qwen2.5's 151,936-entry vocabulary (a narrow 2-layer model), 2 x 40 response tokens 16 at a time against

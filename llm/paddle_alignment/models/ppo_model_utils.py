@@ -7,6 +7,7 @@ of one prompt running its forward once where asked (`shared_prompt_hidden`)."""
 import contextlib
 import functools
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -261,48 +262,55 @@ def warn_prompts_unshared():
                    "tensor parallel, or sliced by sharding stage 3), so each row runs its whole prompt")
 
 
-@contextlib.contextmanager
-def layers_for_shared_prompts(model):
-    """Within, `model`'s paddlenlp layers run shared_prompt_hidden's two forwards as it needs:
+PREPARED_FOR_SHARED_PROMPTS = weakref.WeakSet()
+
+
+def prepare_for_shared_prompts(model):
+    """Set `model`'s paddlenlp layers, once and from then on, to run shared_prompt_hidden's forwards as it needs;
+    for good, not around the forwards, since a recompute runs a forward again in the backward:
     - recompute without reentrancy: Paddle's reentrant recompute keeps gradients only for the tensors handed to
       it or returned by it directly, not for those in a tuple, so the keys and values the prompt's forward
       returns and the responses' forward takes (past_key_values) would carry no gradient back to the prompt;
     - the unfused rotary embedding (the same rotation): paddlenlp's fused one asserts there are no cached keys;
-    - on the flash-attention branch, the responses' attention mask whole (AttentionAfterCache): that branch asks
-      Paddle's scaled_dot_product_attention for a causal mask besides, which with fewer queries than keys every
+    - AttentionAfterCache in the attention layers: on the flash-attention branch paddlenlp asks Paddle's
+      scaled_dot_product_attention for a causal mask besides the mask, which with fewer queries than keys every
       backend Paddle 3.3 can choose aligns to the first key, dropping the padding mask (docs/real_size.md)."""
+    if model in PREPARED_FOR_SHARED_PROMPTS:
+        return
     layers = model.sublayers(include_self=True)
+    reentrant = {id(layer.config): layer.config for layer in layers
+                 if getattr(getattr(layer, "config", None), "recompute_use_reentrant", False)}
     attentions = [layer for layer in layers if isinstance(layer, ATTENTIONS)]
-    switched = [(config, "recompute_use_reentrant") for config in {id(layer.config): layer.config for layer in layers
-                if getattr(getattr(layer, "config", None), "recompute_use_reentrant", False)}.values()]
-    switched += [(layer, "use_fused_rope") for layer in attentions if layer.use_fused_rope]
-    flash = [layer for layer in attentions if layer.config.use_flash_attention]
-    for owner, name in switched:
-        setattr(owner, name, False)
-    for layer in flash:
+    fused_rope = [layer for layer in attentions if layer.use_fused_rope]
+    for config in reentrant.values():
+        config.recompute_use_reentrant = False
+    for layer in fused_rope:
+        layer.use_fused_rope = False
+    for layer in attentions:
         layer.attn_func = AttentionAfterCache(layer.attn_func)
-    try:
-        yield
-    finally:
-        for owner, name in switched:
-            setattr(owner, name, True)
-        for layer in flash:
-            layer.attn_func = layer.attn_func.original
+    PREPARED_FOR_SHARED_PROMPTS.add(model)
+    changes = ["recomputes without reentrancy"] * bool(reentrant) + ["rotates unfused"] * bool(fused_rope)
+    if changes:
+        logger.info(f"share_prompt_forward: {type(model).__name__} now {' and '.join(changes)} (docs/real_size.md)")
 
 
 class AttentionAfterCache:
-    """An attention layer's `attn_func` for layers_for_shared_prompts: paddlenlp's own (`original`) where
-    queries and keys are as many, else scaled_dot_product_attention given only the mask, on any device."""
+    """An attention layer's `attn_func` (prepare_for_shared_prompts): on paddlenlp's flash-attention branch, where
+    queries follow cached keys, scaled_dot_product_attention given only the mask, on any device; paddlenlp's
+    own (`original`) everywhere else."""
 
     def __init__(self, original):
         self.original = original
 
     def __call__(self, query, config, key, value, attention_mask, output_attentions, *args, **kwargs):
         batch, queries, heads, head_dim = query.shape
-        if queries == key.shape[1]:
+        if queries in (1, key.shape[1]) or not config.use_flash_attention:  # one query: paddlenlp asks no triangle
             return self.original(query, config, key, value, attention_mask, output_attentions, *args, **kwargs)
-        extras = {"alibi": bool(args), "output_attentions": output_attentions, "sequence_parallel": kwargs.get("sequence_parallel"),
-                  "attn_mask_startend_row_indices": kwargs.get("attn_mask_startend_row_indices") is not None}
+        alibi = args[0] if args else kwargs.get("alibi")  # Llama's, by position under core_attn recompute
+        extras = {"alibi": alibi is not None, "output_attentions": bool(output_attentions),
+                  "sequence_parallel": bool(kwargs.get("sequence_parallel")),
+                  "attn_mask_startend_row_indices": kwargs.get("attn_mask_startend_row_indices") is not None,
+                  "reshard_layer": kwargs.get("reshard_layer") is not None}
         if any(extras.values()):
             unsupported = ", ".join(name for name, on in extras.items() if on)
             raise ValueError(f"share_prompt_forward: the responses' attention after a shared prompt runs without {unsupported}")
@@ -345,16 +353,16 @@ def shared_prompt_hidden(model, head, exp, first, row_prompt):
     prompt_len, width = exp.prompt_len, exp.input_ids.shape[1]
     positions = position_ids_from_mask(exp.attention_mask)
     prompts = [paddle.index_select(x[:, :prompt_len], first, axis=0) for x in (exp.input_ids, exp.attention_mask, positions)]
-    with layers_for_shared_prompts(model):
-        with lm_head_skipped(head, slice(prompt_len - 1, prompt_len)):
-            out = model(input_ids=prompts[0], attention_mask=prompts[1], position_ids=prompts[2], use_cache=True,
-                        return_dict=True)
-        last = paddle.index_select(out.logits, row_prompt, axis=0)  # predicts each row's first response token
-        if width - prompt_len == 1:
-            return last
-        past = [tuple(paddle.index_select(t, row_prompt, axis=0) for t in layer) for layer in out.past_key_values]
-        with lm_head_skipped(head, slice(None)):
-            hidden = model(input_ids=exp.input_ids[:, prompt_len:-1], attention_mask=exp.attention_mask[:, :-1],
-                           position_ids=positions[:, prompt_len:-1], past_key_values=past, use_cache=False,
-                           return_dict=True).logits
+    prepare_for_shared_prompts(model)
+    with lm_head_skipped(head, slice(prompt_len - 1, prompt_len)):
+        out = model(input_ids=prompts[0], attention_mask=prompts[1], position_ids=prompts[2], use_cache=True,
+                    return_dict=True)
+    last = paddle.index_select(out.logits, row_prompt, axis=0)  # predicts each row's first response token
+    if width - prompt_len == 1:
+        return last
+    past = [tuple(paddle.index_select(t, row_prompt, axis=0) for t in layer) for layer in out.past_key_values]
+    with lm_head_skipped(head, slice(None)):
+        hidden = model(input_ids=exp.input_ids[:, prompt_len:-1], attention_mask=exp.attention_mask[:, :-1],
+                       position_ids=positions[:, prompt_len:-1], past_key_values=past, use_cache=False,
+                       return_dict=True).logits
     return paddle.concat([last, hidden], axis=1)

@@ -5,6 +5,8 @@ log-probs and entropies taken a chunk of tokens at a time from the hidden states
 logits, at the tiny vocabulary and at Qwen2.5's 151,936 entries."""
 
 import contextlib
+import functools
+import logging
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,7 +17,7 @@ from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Q
 from paddlenlp.transformers.qwen2.modeling import scaled_dot_product_attention as qwen2_scaled_dot_product_attention
 
 from paddle_alignment.algos.token_stats import entropy_from_logits, gather_logprobs, position_ids_from_mask, tempered_logits
-from paddle_alignment.models import head_logprobs
+from paddle_alignment.models import head_logprobs, ppo_model_utils
 from paddle_alignment.models.head_logprobs import head_token_stats
 from paddle_alignment.models.ppo_model_utils import (
     AttentionAfterCache, chunkable_lm_head, lm_head_layer, prompt_groups, response_logits, response_token_stats,
@@ -120,12 +122,15 @@ def stats_and_grads(function, model, exp, weights):
     return [logprobs.numpy(), entropy.numpy()], {n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def assert_same_stats_and_grads(model, exp, chunk_tokens, temperature=0.7, reference=whole_logits_stats, function=None):
+def assert_same_stats_and_grads(model, exp, chunk_tokens, temperature=0.7, reference=whole_logits_stats, function=None,
+                                reference_model=None):
+    """`function` on `model` equals `reference` (on `reference_model`, a twin, where given) in log-probs,
+    entropies and every parameter's gradient; `function` runs first."""
     rows, length = exp.input_ids.shape[0], exp.input_ids.shape[1] - exp.prompt_len
     weights = [paddle.randn([rows, length]), paddle.randn([rows, length])]
     function = function or (lambda m, e: response_token_stats(m, e, temperature, chunk_tokens))
     chunked = stats_and_grads(function, model, exp, weights)
-    whole = stats_and_grads(lambda m, e: reference(m, e, temperature), model, exp, weights)
+    whole = stats_and_grads(lambda m, e: reference(m, e, temperature), reference_model or model, exp, weights)
     for got, expected in zip(chunked[0], whole[0]):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
     assert chunked[1].keys() == whole[1].keys()
@@ -255,66 +260,73 @@ def test_shared_prompts_give_the_log_probs_entropies_and_gradients_of_whole_rows
 
 
 
-@pytest.mark.parametrize("granularity", ["full", "full_attn", "core_attn"])
-@pytest.mark.parametrize("model_class, config_class", [(Qwen2ForCausalLM, Qwen2Config), (LlamaForCausalLM, LlamaConfig)])
-def test_shared_prompts_under_reentrant_recompute_keep_the_prompts_gradient(model_class, config_class, granularity):
-    """Paddle's reentrant recompute (PaddleNLP's GRPO configs set recompute_use_reentrant) passes no gradient to
-    the prompt's keys and values, which reach the layers in a tuple: the shared forward recomputes without
-    reentrancy, and the model's setting is its own again afterwards."""
-    model = tiny_causal_lm(model_class, config_class, False, recompute=True, recompute_granularity=granularity,
-                           recompute_use_reentrant=True)
-    model.recompute_enable()  # as the trainer's models (models/rl_models.py)
+def recomputed(model_class, config_class, granularity="full", **config):
+    """A tiny model that recomputes its layers (`granularity`, paddlenlp's) in the backward, as the trainer's do."""
+    model = tiny_causal_lm(model_class, config_class, False, recompute=True, recompute_granularity=granularity, **config)
+    model.recompute_enable()
     model.train()
-    whole = lambda m, e, t: response_token_stats(m, e, t, chunk_tokens=5)  # noqa: E731
-    shared = lambda m, e: response_token_stats(m, e, 0.7, chunk_tokens=5, share_prompts=True)  # noqa: E731
-    assert_same_stats_and_grads(model, grouped_experience(), chunk_tokens=5, reference=whole, function=shared)
-    assert model.config.recompute_use_reentrant
+    return model
 
 
-@pytest.mark.parametrize("name", ["qwen2-tied", "llama"])
-def test_shared_prompts_run_the_unfused_rotary_embedding(name):
+WHOLE_ROWS = lambda m, e, t: response_token_stats(m, e, t, chunk_tokens=5)  # noqa: E731
+SHARED_PROMPTS = lambda m, e: response_token_stats(m, e, 0.7, chunk_tokens=5, share_prompts=True)  # noqa: E731
+ARCHITECTURES = {"qwen2": (Qwen2ForCausalLM, Qwen2Config), "llama": (LlamaForCausalLM, LlamaConfig)}
+
+
+@pytest.mark.parametrize("granularity", ["full", "full_attn", "core_attn"])
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_shared_prompts_under_reentrant_recompute_keep_the_prompts_gradient(architecture, granularity, caplog):
+    """Paddle's reentrant recompute (PaddleNLP's GRPO configs set recompute_use_reentrant) passes no gradient to
+    the prompt's keys and values, which reach the layers in a tuple: from its first shared forward on, the
+    model recomputes without reentrancy, and says so."""
+    model = recomputed(*ARCHITECTURES[architecture], granularity, recompute_use_reentrant=True)
+    with caplog.at_level(logging.INFO, logger=ppo_model_utils.logger.name):
+        assert_same_stats_and_grads(model, grouped_experience(), 5, reference=WHOLE_ROWS, function=SHARED_PROMPTS)
+    assert not model.config.recompute_use_reentrant
+    assert "recomputes without reentrancy" in caplog.text
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_shared_prompts_run_the_unfused_rotary_embedding(architecture):
     """paddlenlp's fused rotary embedding (use_fused_rope, set by PaddleNLP's GRPO config) asserts there are no
-    cached keys: the shared forwards take the unfused one, which rotates alike, and the layers keep their own."""
-    model = MODELS[name]()
+    cached keys: from its first shared forward on, the model rotates with the unfused one, which rotates alike,
+    in its recompute in the backward too (on CPU the fused one would not run at all)."""
+    model = recomputed(*ARCHITECTURES[architecture])
     attentions = [layer for layer in model.sublayers() if hasattr(layer, "use_fused_rope")]
-    exp = grouped_experience()
-    whole = response_token_stats(model, exp, 0.7, chunk_tokens=5)[0].numpy()
     for layer in attentions:
         layer.use_fused_rope = True
-    shared = response_token_stats(model, exp, 0.7, chunk_tokens=5, share_prompts=True)[0].numpy()
-    np.testing.assert_allclose(shared, whole, rtol=1e-5, atol=1e-5)
-    assert attentions and all(layer.use_fused_rope for layer in attentions)
-
-@contextlib.contextmanager
-def flash_attention_branch(model):
-    """paddlenlp's flash-attention branch in `model`'s layers (on CPU its scaled_dot_product_attention runs the
-    math backend, which puts a causal triangle aligned to the first key in place of any mask it is given)."""
-    configs = {id(layer.config): layer.config for layer in model.sublayers(include_self=True) if hasattr(layer, "config")}
-    for config in configs.values():
-        config.use_flash_attention = True
-    try:
-        yield
-    finally:
-        for config in configs.values():
-            config.use_flash_attention = False
+    assert_same_stats_and_grads(model, grouped_experience(), 5, reference=WHOLE_ROWS, function=SHARED_PROMPTS)
+    assert attentions and not any(layer.use_fused_rope for layer in attentions)
 
 
-@pytest.mark.parametrize("name", ["qwen2-tied", "llama", "lora-qwen2"])
+def on_the_flash_attention_branch(model):
+    """`model` with paddlenlp's flash-attention branch configured (on CPU its scaled_dot_product_attention runs
+    the math backend, which puts a causal triangle aligned to the first key in place of any mask it is given)."""
+    for layer in model.sublayers(include_self=True):
+        if hasattr(layer, "config"):
+            layer.config.use_flash_attention = True
+    return model
+
+
+FLASH_BRANCH_MODELS = {
+    **{name: MODELS[name] for name in ("qwen2-tied", "llama", "lora-qwen2")},
+    # Llama hands its attention function the alibi argument by position under core_attn recompute.
+    **{f"{name}-core-attn-recompute": functools.partial(recomputed, *classes, "core_attn") for name, classes in ARCHITECTURES.items()},
+    **{f"{name}-recompute": functools.partial(recomputed, *classes) for name, classes in ARCHITECTURES.items()},
+}
+
+
+@pytest.mark.parametrize("name", FLASH_BRANCH_MODELS)
 def test_shared_prompts_on_the_flash_attention_branch_give_the_whole_rows(name):
     """With flash attention configured, the responses after a shared prompt's keys still see exactly the prompt
-    and their own past: paddlenlp would ask for a causal mask aligned to the first key (0.05-0.09 off here
-    before). Unpadded rows, whose mask paddlenlp drops as causal; on CPU the math backend would also drop a
-    padded prompt's mask in the prompt's own forward, so padding is tested on the attention alone below."""
-    model = MODELS[name]()
+    and their own past, in the forward and in its recompute in the backward: paddlenlp would ask for a causal
+    mask aligned to the first key (0.05-0.09 off here before). Against a twin off that branch; unpadded rows,
+    whose mask paddlenlp drops as causal, since on CPU the math backend would also drop a padded prompt's mask
+    in the prompt's own forward: padding is tested on the attention alone below."""
     exp = grouped_experience()
     exp.attention_mask = paddle.ones_like(exp.attention_mask)
-    whole = lambda m, e, t: response_token_stats(m, e, t, chunk_tokens=5)  # noqa: E731
-
-    def shared(m, e):
-        with flash_attention_branch(m):
-            return response_token_stats(m, e, 0.7, chunk_tokens=5, share_prompts=True)
-
-    assert_same_stats_and_grads(model, exp, chunk_tokens=5, reference=whole, function=shared)
+    model, twin = on_the_flash_attention_branch(FLASH_BRANCH_MODELS[name]()), FLASH_BRANCH_MODELS[name]()
+    assert_same_stats_and_grads(model, exp, 5, reference=WHOLE_ROWS, function=SHARED_PROMPTS, reference_model=twin)
 
 
 @pytest.mark.parametrize("padded", [True, False])

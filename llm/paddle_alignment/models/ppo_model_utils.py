@@ -7,11 +7,9 @@ of one prompt running its forward once where asked (`shared_prompt_hidden`)."""
 import contextlib
 import functools
 import logging
-import weakref
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import paddle
 from paddlenlp.transformers.llama.modeling import LlamaLMHead
 from paddlenlp.transformers.qwen2.modeling import Qwen2LMHead
@@ -23,8 +21,9 @@ from paddle_alignment.algos.registry import call_with_options
 from paddle_alignment.algos.rollout_correction import mismatch_metrics, turn_mismatch_metrics
 from paddle_alignment.algos.token_stats import position_ids_from_mask
 from paddle_alignment.distributed import sliced_by_sharding
-from paddle_alignment.models.fused_kernels import ATTENTIONS, token_logprobs_and_entropy
+from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
 from paddle_alignment.models.head_logprobs import DEFAULT_CHUNK_TOKENS, head_token_stats
+from paddle_alignment.models.shared_prompts import prepare_for_shared_prompts, shared_prompt_groups
 
 logger = logging.getLogger(__name__)
 
@@ -260,88 +259,6 @@ def response_token_stats(model, exp, temperature=1.0, chunk_tokens=DEFAULT_CHUNK
 def warn_prompts_unshared():
     logger.warning("share_prompt_forward: this model's LM head is not a plain one on this rank (adapters, split by "
                    "tensor parallel, or sliced by sharding stage 3), so each row runs its whole prompt")
-
-
-PREPARED_FOR_SHARED_PROMPTS = weakref.WeakSet()
-
-
-def prepare_for_shared_prompts(model):
-    """Set `model`'s paddlenlp layers, once and from then on, to run shared_prompt_hidden's forwards as it needs;
-    for good, not around the forwards, since a recompute runs a forward again in the backward:
-    - recompute without reentrancy: Paddle's reentrant recompute keeps gradients only for the tensors handed to
-      it or returned by it directly, not for those in a tuple, so the keys and values the prompt's forward
-      returns and the responses' forward takes (past_key_values) would carry no gradient back to the prompt;
-    - the unfused rotary embedding (the same rotation): paddlenlp's fused one asserts there are no cached keys;
-    - AttentionAfterCache in the attention layers: on the flash-attention branch paddlenlp asks Paddle's
-      scaled_dot_product_attention for a causal mask besides the mask, which with fewer queries than keys every
-      backend Paddle 3.3 can choose aligns to the first key, dropping the padding mask (docs/real_size.md)."""
-    if model in PREPARED_FOR_SHARED_PROMPTS:
-        return
-    layers = model.sublayers(include_self=True)
-    reentrant = {id(layer.config): layer.config for layer in layers
-                 if getattr(getattr(layer, "config", None), "recompute_use_reentrant", False)}
-    attentions = [layer for layer in layers if isinstance(layer, ATTENTIONS)]
-    fused_rope = [layer for layer in attentions if layer.use_fused_rope]
-    for config in reentrant.values():
-        config.recompute_use_reentrant = False
-    for layer in fused_rope:
-        layer.use_fused_rope = False
-    for layer in attentions:
-        layer.attn_func = AttentionAfterCache(layer.attn_func)
-    PREPARED_FOR_SHARED_PROMPTS.add(model)
-    changes = ["recomputes without reentrancy"] * bool(reentrant) + ["rotates unfused"] * bool(fused_rope)
-    if changes:
-        logger.info(f"share_prompt_forward: {type(model).__name__} now {' and '.join(changes)} (docs/real_size.md)")
-
-
-class AttentionAfterCache:
-    """An attention layer's `attn_func` (prepare_for_shared_prompts): on paddlenlp's flash-attention branch, where
-    queries follow cached keys, scaled_dot_product_attention given only the mask, on any device; paddlenlp's
-    own (`original`) everywhere else."""
-
-    def __init__(self, original):
-        self.original = original
-
-    def __call__(self, query, config, key, value, attention_mask, output_attentions, *args, **kwargs):
-        batch, queries, heads, head_dim = query.shape
-        if queries in (1, key.shape[1]) or not config.use_flash_attention:  # one query: paddlenlp asks no triangle
-            return self.original(query, config, key, value, attention_mask, output_attentions, *args, **kwargs)
-        alibi = args[0] if args else kwargs.get("alibi")  # Llama's, by position under core_attn recompute
-        extras = {"alibi": alibi is not None, "output_attentions": bool(output_attentions),
-                  "sequence_parallel": bool(kwargs.get("sequence_parallel")),
-                  "attn_mask_startend_row_indices": kwargs.get("attn_mask_startend_row_indices") is not None,
-                  "reshard_layer": kwargs.get("reshard_layer") is not None}
-        if any(extras.values()):
-            unsupported = ", ".join(name for name, on in extras.items() if on)
-            raise ValueError(f"share_prompt_forward: the responses' attention after a shared prompt runs without {unsupported}")
-        if attention_mask is None:  # dropped by paddlenlp as causal: no prompt is padded (its first key would be masked)
-            attention_mask = causal_mask_after_cache(queries, key.shape[1], query.dtype)
-        out = paddle.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, is_causal=False)
-        return out.reshape([batch, queries, heads * head_dim])
-
-
-def causal_mask_after_cache(queries, keys, dtype):
-    """[1, 1, queries, keys] additive mask: query i, the (keys - queries + i)-th token, sees the keys up to itself."""
-    visible = paddle.tril(paddle.ones([queries, keys], dtype="bool"), diagonal=keys - queries)
-    return paddle.where(visible, 0.0, paddle.finfo(dtype).min).astype(dtype)[None, None]
-
-
-def prompt_groups(exp):
-    """(the first row of each distinct prompt, each row's index among them) [G], [B] int64: rows whose prompt
-    tokens and mask are equal (a GRPO group's samples) share a prompt."""
-    prompt_len = exp.prompt_len
-    prompts = paddle.concat([exp.input_ids[:, :prompt_len], exp.attention_mask[:, :prompt_len].astype("int64")], axis=1)
-    _, first, row_prompt = np.unique(prompts.numpy(), axis=0, return_index=True, return_inverse=True)
-    order = np.argsort(first)  # the prompts in the order of their first rows
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    return paddle.to_tensor(first[order], dtype="int64"), paddle.to_tensor(rank[row_prompt.reshape(-1)], dtype="int64")
-
-
-def shared_prompt_groups(exp):
-    """prompt_groups(exp) where some of its rows share a prompt, else None."""
-    groups = prompt_groups(exp)
-    return groups if len(groups[0]) < exp.input_ids.shape[0] else None
 
 
 def shared_prompt_hidden(model, head, exp, first, row_prompt):

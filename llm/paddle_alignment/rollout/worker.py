@@ -27,7 +27,8 @@ from paddle_alignment.micro_batches import MicroBatching
 from paddle_alignment.models.head_logprobs import head_token_stats
 from paddle_alignment.models.lora_utils import adapters_disabled
 from paddle_alignment.models.native_forward import NativeDecoder
-from paddle_alignment.models.ppo_model_utils import response_labels, response_token_stats, shared_prompt_groups
+from paddle_alignment.models.ppo_model_utils import response_labels, response_token_stats
+from paddle_alignment.models.shared_prompts import shared_prompt_groups
 from paddle_alignment.models.tensor_parallel import is_tensor_parallel, whole
 from paddle_alignment.offload import OffloadPlan
 from paddle_alignment.rollout import sync_check, weights

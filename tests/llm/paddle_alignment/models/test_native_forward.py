@@ -24,7 +24,7 @@ from paddle_alignment.models.fused_kernels import SWITCH as FUSED_SWITCH
 from paddle_alignment.models.head_logprobs import head_logits, head_token_stats
 from paddle_alignment.models.native_forward import NATIVE_OPS, NativeDecoder
 from paddle_alignment.models.native_forward import SWITCH as NATIVE_SWITCH
-from paddle_alignment.models.ppo_model_utils import shared_prompt_groups
+from paddle_alignment.models.shared_prompts import shared_prompt_groups
 from paddle_alignment.models.static_cache_decoder import StaticCacheDecoder
 from paddle_alignment.rollout import worker as worker_module
 from paddle_alignment.rollout.worker import RolloutWorker

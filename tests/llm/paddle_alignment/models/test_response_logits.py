@@ -17,11 +17,10 @@ from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Q
 from paddlenlp.transformers.qwen2.modeling import scaled_dot_product_attention as qwen2_scaled_dot_product_attention
 
 from paddle_alignment.algos.token_stats import entropy_from_logits, gather_logprobs, position_ids_from_mask, tempered_logits
-from paddle_alignment.models import head_logprobs, ppo_model_utils
+from paddle_alignment.models import head_logprobs, shared_prompts
 from paddle_alignment.models.head_logprobs import head_token_stats
-from paddle_alignment.models.ppo_model_utils import (
-    AttentionAfterCache, chunkable_lm_head, lm_head_layer, prompt_groups, response_logits, response_token_stats,
-)
+from paddle_alignment.models.ppo_model_utils import chunkable_lm_head, lm_head_layer, response_logits, response_token_stats
+from paddle_alignment.models.shared_prompts import AttentionAfterCache, prompt_groups
 
 PROMPT_LEN, RESPONSE_LEN, VOCAB = 5, 4, 67
 
@@ -280,7 +279,7 @@ def test_shared_prompts_under_reentrant_recompute_keep_the_prompts_gradient(arch
     the prompt's keys and values, which reach the layers in a tuple: from its first shared forward on, the
     model recomputes without reentrancy, and says so."""
     model = recomputed(*ARCHITECTURES[architecture], granularity, recompute_use_reentrant=True)
-    with caplog.at_level(logging.INFO, logger=ppo_model_utils.logger.name):
+    with caplog.at_level(logging.INFO, logger=shared_prompts.logger.name):
         assert_same_stats_and_grads(model, grouped_experience(), 5, reference=WHOLE_ROWS, function=SHARED_PROMPTS)
     assert not model.config.recompute_use_reentrant
     assert "recomputes without reentrancy" in caplog.text

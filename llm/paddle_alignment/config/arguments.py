@@ -657,6 +657,11 @@ class DecoupledRolloutArguments:
                 f"rollout_mode=decoupled: pipeline_parallel_degree={self.pipeline_parallel_degree} is not supported "
                 "with it (split the trainer with tensor_parallel_degree, data parallel or sharding stage1)"
             )
+        if "stage3" in sharding_stages(self.sharding) and self.tensor_parallel_degree <= 1:
+            raise ValueError(
+                "rollout_mode=decoupled with sharding stage3: the trainer publishes the policy's whole weights to its "
+                "samplers, and stage 3 holds each only in slices; use sharding stage1 or stage2"
+            )
         if not self.rollout_devices:
             if runs_on_accelerator(self):
                 raise ValueError(
@@ -840,7 +845,7 @@ def check_parallel_degrees(args, world_size, on_accelerator):
             + ("the tensor-parallel plan splits weights, not activations" if tensor_parallel > 1 else "tensor_parallel_degree is 1")
         )
         args.sequence_parallel = False
-    stages = set(args.sharding) if isinstance(args.sharding, (list, tuple)) else set(str(args.sharding or "").split())
+    stages = sharding_stages(args.sharding)
     sharding_ranks = args.sharding_parallel_degree if args.sharding_parallel_degree > 0 else world_size // replica
     if sharding and sharding_ranks <= 1:
         logger.info(f"sharding={args.sharding} over one rank has no effect (sharding_parallel_degree={args.sharding_parallel_degree})")
@@ -856,6 +861,13 @@ def check_parallel_degrees(args, world_size, on_accelerator):
             "ranks steps and keeps the optimizer states of its share of its tensor-parallel part's parameters (stage 1"
             + ("; stages 2 and 3, which would also divide gradients and parameters, run as stage 1 under tensor parallel)" if stages - {"stage1"} else ")")
         )
+
+
+def sharding_stages(sharding):
+    """The names in paddlenlp's `sharding` key: its string ("stage1 offload"), or the ShardingOption list its
+    TrainingArguments makes of it."""
+    options = sharding if isinstance(sharding, (list, tuple)) else str(sharding or "").split()
+    return {getattr(option, "value", option) for option in options}
 
 
 def check_launch_layout(args):

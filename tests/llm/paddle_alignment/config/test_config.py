@@ -6,12 +6,13 @@ import os
 from types import SimpleNamespace
 
 import pytest
+from paddlenlp.trainer.trainer_utils import ShardingOption
 
 from helpers import REPO_ROOT, BASE, parse
 from llm.alignment.rm.run_reward import ARGUMENT_CLASSES as REWARD_ARGUMENTS
 from llm.run_finetune import ARGUMENT_CLASSES as FINETUNE_ARGUMENTS
 from llm.tools.build_real_model import real_config
-from paddle_alignment.config.arguments import ARGUMENT_CLASSES, check_parallel_degrees, parse_arguments
+from paddle_alignment.config.arguments import ARGUMENT_CLASSES, DecoupledRolloutArguments, check_parallel_degrees, parse_arguments
 from paddle_alignment.config.paddlenlp_keys import canonical_options
 from paddle_alignment.models.tensor_parallel import check_splittable
 
@@ -133,6 +134,20 @@ def test_an_environment_may_be_the_only_reward_source(tmp_path):
     _, _, args = parse(tmp_path, use_rule_reward=False, environment="envs:Guess")
     assert args.environment_paths == ["envs:Guess"] and args.multi_turn and not args.use_rule_reward
 
+
+
+@pytest.mark.parametrize("sharding", ["stage3", [ShardingOption.FULL_SHARD], "stage2 stage3"])
+def test_decoupled_rollout_refuses_weights_sharding_stage_3_slices(sharding):
+    """The trainer publishes the policy's whole weights to its samplers, which stage 3 holds only in slices
+    (a GPU layout: checked on the arguments as paddlenlp leaves them, string or ShardingOption list)."""
+    args = SimpleNamespace(rollout_mode="decoupled", max_staleness=1, rollout_timeout=None, rollout_sync_tolerance=1e-3,
+                           pipeline_parallel_degree=1, tensor_parallel_degree=1, sharding=sharding, rollout_devices="7",
+                           sampler_devices=["7"], rollout_dir=None, output_dir="out")
+    with pytest.raises(ValueError, match="rollout_mode=decoupled with sharding stage3: .* use sharding stage1 or stage2"):
+        DecoupledRolloutArguments.validate_rollout_mode(args)
+    args.tensor_parallel_degree = 2  # stage 3 runs as stage 1 under tensor parallel
+    DecoupledRolloutArguments.validate_rollout_mode(args)
+    assert args.rollout_dir == os.path.join("out", "rollout")
 
 def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(FileNotFoundError):

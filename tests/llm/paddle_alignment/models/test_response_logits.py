@@ -118,7 +118,8 @@ def stats_and_grads(function, model, exp, weights):
     model.clear_gradients()
     logprobs, entropy = function(model, exp)
     ((logprobs * weights[0]).sum() + (entropy * weights[1]).sum()).backward()
-    return [logprobs.numpy(), entropy.numpy()], {n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None}
+    grads = {n: p.grad.astype("float32").numpy() for n, p in model.named_parameters() if p.grad is not None}
+    return [logprobs.numpy(), entropy.numpy()], grads  # float32 values of bfloat16 gradients too
 
 
 def assert_same_stats_and_grads(model, exp, chunk_tokens, temperature=0.7, reference=whole_logits_stats, function=None,
@@ -268,6 +269,7 @@ def recomputed(model_class, config_class, granularity="full", **config):
 
 
 WHOLE_ROWS = lambda m, e, t: response_token_stats(m, e, t, chunk_tokens=5)  # noqa: E731
+WHOLE_ROWS_AT_0_7 = lambda m, e: WHOLE_ROWS(m, e, 0.7)  # noqa: E731
 SHARED_PROMPTS = lambda m, e: response_token_stats(m, e, 0.7, chunk_tokens=5, share_prompts=True)  # noqa: E731
 ARCHITECTURES = {"qwen2": (Qwen2ForCausalLM, Qwen2Config), "llama": (LlamaForCausalLM, LlamaConfig)}
 
@@ -350,3 +352,96 @@ def test_attention_after_cache_takes_the_mask_whole(padded):
     np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
     for mine, theirs in zip(*grads):
         np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+
+
+
+# ---- On a GPU (a Paddle GPU build): what the CPU tests above prove on CPU, in bfloat16 with paddlenlp's GPU
+# settings. Skipped elsewhere; the first run on a GPU is what lets share_prompt_forward be on by default.
+
+ON_A_GPU = pytest.mark.skipif(not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0,
+                              reason="needs a Paddle GPU build and a GPU")
+
+
+@contextlib.contextmanager
+def on_gpu():
+    device = paddle.get_device()
+    paddle.set_device("gpu")
+    try:
+        yield
+    finally:
+        paddle.set_device(device)
+
+
+def relative_errors(got, reference):
+    """Each gradient's distance from the reference's, over the reference's norm (the worst of them)."""
+    return max(float(np.linalg.norm(got[name] - ref) / (np.linalg.norm(ref) + 1e-12)) for name, ref in reference.items())
+
+
+def bfloat16_errors(exp):
+    """How far a tiny Qwen2 in bfloat16 with PaddleNLP's GRPO settings (flash attention, the fused rotary
+    embedding, reentrant recompute) is from its float32 twin on paddlenlp's math attention, whole rows then
+    shared prompts: (the worst log-prob difference at a real response token, the worst relative gradient
+    difference) of each. Its weights are drawn wider than a fresh model's, so that attention is far from
+    uniform and a wrong mask moves the log-probs."""
+    real = exp.attention_mask.numpy()[:, PROMPT_LEN:] > 0
+    weights = [paddle.randn(real.shape), paddle.randn(real.shape)]
+
+    def model(gpu_settings):
+        model = recomputed(Qwen2ForCausalLM, Qwen2Config, initializer_range=0.2, recompute_use_reentrant=gpu_settings)
+        if gpu_settings:
+            model.to(dtype="bfloat16")
+            for layer in on_the_flash_attention_branch(model).sublayers():
+                if hasattr(layer, "use_fused_rope"):
+                    layer.use_fused_rope = True
+        return model
+
+    reference = stats_and_grads(WHOLE_ROWS_AT_0_7, model(False), exp, weights)
+    runs = [stats_and_grads(function, model(True), exp, weights) for function in (WHOLE_ROWS_AT_0_7, SHARED_PROMPTS)]
+    return [(float(np.abs(run[0][0] - reference[0][0])[real].max()), relative_errors(run[1], reference[1])) for run in runs]
+
+
+@ON_A_GPU
+def test_on_a_gpu_shared_prompts_in_bfloat16_with_paddlenlps_gpu_settings():
+    """In bfloat16 with PaddleNLP's GRPO settings, shared prompts are as close to float32 as bfloat16 allows:
+    its error is measured on unpadded rows of whole prompts, which paddlenlp runs as plain causal flash
+    attention (no mask), and neither padded rows, whole or shared, nor unpadded shared ones may be much further
+    (a wrong mask, or the prompt's gradient lost, is)."""
+    with on_gpu():
+        padded = grouped_experience()
+        unpadded = grouped_experience()
+        unpadded.attention_mask = paddle.ones_like(unpadded.attention_mask)
+        (noise, noise_grads), unpadded_shared = bfloat16_errors(unpadded)
+        errors = [unpadded_shared, *bfloat16_errors(padded)]
+    for name, (error, grads) in zip(["unpadded shared", "padded whole", "padded shared"], errors):
+        assert error <= 3 * noise + 5e-3, f"{name}: log-probs {error} off float32, against bfloat16's {noise}"
+        assert grads <= 3 * noise_grads + 5e-3, f"{name}: gradients {grads} off float32, against bfloat16's {noise_grads}"
+
+
+@ON_A_GPU
+def test_on_a_gpu_the_chunks_backward_runs_in_the_forwards_bfloat16(monkeypatch):
+    """Under O1 autocast the head's product runs in bfloat16, in the chunks' recompute in the backward too, and
+    the chunked log-probs and gradients are the whole logits' (bfloat16's precision)."""
+    products, product = [], head_logprobs.head_logits
+
+    def recorded(*args):
+        logits = product(*args)
+        products.append(logits.dtype)
+        return logits
+
+    monkeypatch.setattr(head_logprobs, "head_logits", recorded)
+    with on_gpu():
+        exp = experience()
+        weights = [paddle.randn([3, RESPONSE_LEN]), paddle.randn([3, RESPONSE_LEN])]
+        model = MODELS["qwen2"]()
+
+        def under_autocast(chunk_tokens):
+            def stats(m, e):
+                with paddle.amp.auto_cast(level="O1", dtype="bfloat16"):
+                    return response_token_stats(m, e, 0.7, chunk_tokens)
+            return stats
+
+        chunked = stats_and_grads(under_autocast(5), model, exp, weights)
+        assert products == [paddle.bfloat16] * 6  # 12 tokens, 5 at a time: 3 chunks forward, 3 in the backward
+        whole = stats_and_grads(under_autocast(0), model, exp, weights)
+    np.testing.assert_allclose(chunked[0][0], whole[0][0], atol=2e-2)
+    assert relative_errors(chunked[1], whole[1]) < 2e-2

@@ -23,7 +23,7 @@ def prepare_for_shared_prompts(model):
       it or returned by it directly, not for those in a tuple, so the keys and values the prompt's forward
       returns and the responses' forward takes (past_key_values) would carry no gradient back to the prompt;
     - the unfused rotary embedding (the same rotation): paddlenlp's fused one asserts there are no cached keys;
-    - AttentionAfterCache in the attention layers: on the flash-attention branch paddlenlp asks Paddle's
+    - AttentionAfterCache in the attention layers on the flash-attention branch, where paddlenlp asks Paddle's
       scaled_dot_product_attention for a causal mask besides the mask, which with fewer queries than keys every
       backend Paddle 3.3 can choose aligns to the first key, dropping the padding mask (docs/real_size.md)."""
     if model in PREPARED_FOR_SHARED_PROMPTS:
@@ -38,7 +38,8 @@ def prepare_for_shared_prompts(model):
     for layer in fused_rope:
         layer.use_fused_rope = False
     for layer in attentions:
-        layer.attn_func = AttentionAfterCache(layer.attn_func)
+        if layer.config.use_flash_attention:  # elsewhere the mask is added as given (and the CPU's fused op stays seen)
+            layer.attn_func = AttentionAfterCache(layer.attn_func)
     PREPARED_FOR_SHARED_PROMPTS.add(model)
     changes = ["recomputes without reentrancy"] * bool(reentrant) + ["rotates unfused"] * bool(fused_rope)
     if changes:

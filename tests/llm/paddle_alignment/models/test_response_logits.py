@@ -18,6 +18,7 @@ from paddlenlp.transformers.qwen2.modeling import scaled_dot_product_attention a
 
 from paddle_alignment.algos.token_stats import entropy_from_logits, gather_logprobs, position_ids_from_mask, tempered_logits
 from paddle_alignment.models import head_logprobs, shared_prompts
+from paddle_alignment.models.fused_kernels import FusedAttention, use_fused_kernels
 from paddle_alignment.models.head_logprobs import head_token_stats
 from paddle_alignment.models.ppo_model_utils import chunkable_lm_head, lm_head_layer, response_logits, response_token_stats
 from paddle_alignment.models.shared_prompts import AttentionAfterCache, prompt_groups
@@ -299,6 +300,17 @@ def test_shared_prompts_run_the_unfused_rotary_embedding(architecture):
     assert_same_stats_and_grads(model, grouped_experience(), 5, reference=WHOLE_ROWS, function=SHARED_PROMPTS)
     assert attentions and not any(layer.use_fused_rope for layer in attentions)
 
+
+
+def test_preparing_for_shared_prompts_keeps_the_cpu_fused_attention():
+    """Off the flash-attention branch the layers' attention stays as it was: the CPU's fused op, which reads
+    grouped k and v heads in place (its layers see it there and leave them unrepeated)."""
+    model = MODELS["qwen2-tied"]()
+    if use_fused_kernels(model) == 0:
+        pytest.skip("paddlenlp_ops lacks the fused CPU ops")
+    response_token_stats(model, grouped_experience(), 0.7, chunk_tokens=5, share_prompts=True)
+    attentions = [layer for layer in model.sublayers() if hasattr(layer, "attn_func")]
+    assert attentions and all(isinstance(layer.attn_func, FusedAttention) for layer in attentions)
 
 def on_the_flash_attention_branch(model):
     """`model` with paddlenlp's flash-attention branch configured (on CPU its scaled_dot_product_attention runs

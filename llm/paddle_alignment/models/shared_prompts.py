@@ -67,15 +67,17 @@ class AttentionAfterCache:
             unsupported = ", ".join(name for name, on in extras.items() if on)
             raise ValueError(f"share_prompt_forward: the responses' attention after a shared prompt runs without {unsupported}")
         if attention_mask is None:  # dropped by paddlenlp as causal: no prompt is padded (its first key would be masked)
-            attention_mask = causal_mask_after_cache(queries, key.shape[1], query.dtype)
+            attention_mask = causal_mask_after_cache(batch, queries, key.shape[1], query.dtype)
         out = paddle.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, is_causal=False)
         return out.reshape([batch, queries, heads * head_dim])
 
 
-def causal_mask_after_cache(queries, keys, dtype):
-    """[1, 1, queries, keys] additive mask: query i, the (keys - queries + i)-th token, sees the keys up to itself."""
+def causal_mask_after_cache(batch, queries, keys, dtype):
+    """[batch, 1, queries, keys] additive mask: query i, the (keys - queries + i)-th token, sees the keys up to
+    itself (every row its own, as a mask paddlenlp makes: a kernel need not broadcast it)."""
     visible = paddle.tril(paddle.ones([queries, keys], dtype="bool"), diagonal=keys - queries)
-    return paddle.where(visible, 0.0, paddle.finfo(dtype).min).astype(dtype)[None, None]
+    mask = paddle.where(visible, 0.0, paddle.finfo(dtype).min).astype(dtype)
+    return mask.expand([batch, 1, queries, keys])
 
 
 def prompt_groups(exp):

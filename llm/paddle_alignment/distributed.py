@@ -77,12 +77,12 @@ def hybrid_communicate_group():
     return getattr(fleet.fleet, "_hcg", None)
 
 
-
 def sliced_by_sharding(tensor):
     """Whether sharding stage 3 (paddle's group_sharded_parallel) holds `tensor` as a slice (`fw_storage`), its
     whole value gathered only within its layer's forward and backward: code that reads it anywhere else finds
     it empty."""
     return hasattr(tensor, "fw_storage")
+
 
 def data_parallel_rank_and_size():
     """(rank, size) among the ranks that hold different data: data-parallel x sharding ranks under fleet

@@ -239,7 +239,7 @@ class NativeDecoder:
     def response_hidden(self, input_ids, attention_mask, prompt_len, groups=None):
         """The final-normed hidden states that predict each response token of left-padded prompts + responses:
         [B, R, H], for the LM head (`self.lm_head`) to project chunk by chunk (the trainer's
-        `response_token_stats`, positions counted over real tokens). With `groups` (ppo_model_utils.prompt_groups:
+        `response_token_stats`, positions counted over real tokens). With `groups` (shared_prompts.prompt_groups:
         the first row of each distinct prompt, each row's among them) each prompt runs once, and its rows'
         responses continue from its keys and values."""
         batch, length = input_ids.shape

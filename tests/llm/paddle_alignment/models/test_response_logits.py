@@ -245,6 +245,12 @@ def grouped_experience(samples=(3, 1, 2), response_len=RESPONSE_LEN):
     return SimpleNamespace(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask), prompt_len=PROMPT_LEN)
 
 
+# The whole rows' stats, and the shared prompts' at temperature 0.7, five tokens a chunk.
+WHOLE_ROWS = lambda m, e, t: response_token_stats(m, e, t, chunk_tokens=5)  # noqa: E731
+WHOLE_ROWS_AT_0_7 = lambda m, e: WHOLE_ROWS(m, e, 0.7)  # noqa: E731
+SHARED_PROMPTS = lambda m, e: response_token_stats(m, e, 0.7, chunk_tokens=5, share_prompts=True)  # noqa: E731
+
+
 @pytest.mark.parametrize("name", ["qwen2-tied", "llama", "lora-qwen2"])
 @pytest.mark.parametrize("response_len", [RESPONSE_LEN, 1])
 def test_shared_prompts_give_the_log_probs_entropies_and_gradients_of_whole_rows(name, response_len):
@@ -255,10 +261,7 @@ def test_shared_prompts_give_the_log_probs_entropies_and_gradients_of_whole_rows
     exp = grouped_experience(response_len=response_len)
     first, row_prompt = prompt_groups(exp)
     assert first.numpy().tolist() == [0, 3, 4] and row_prompt.numpy().tolist() == [0, 0, 0, 1, 2, 2]
-    whole = lambda m, e, t: response_token_stats(m, e, t, chunk_tokens=5)  # noqa: E731
-    shared = lambda m, e: response_token_stats(m, e, 0.7, chunk_tokens=5, share_prompts=True)  # noqa: E731
-    assert_same_stats_and_grads(model, exp, chunk_tokens=5, reference=whole, function=shared)
-
+    assert_same_stats_and_grads(model, exp, chunk_tokens=5, reference=WHOLE_ROWS, function=SHARED_PROMPTS)
 
 
 def recomputed(model_class, config_class, granularity="full", **config):
@@ -269,9 +272,6 @@ def recomputed(model_class, config_class, granularity="full", **config):
     return model
 
 
-WHOLE_ROWS = lambda m, e, t: response_token_stats(m, e, t, chunk_tokens=5)  # noqa: E731
-WHOLE_ROWS_AT_0_7 = lambda m, e: WHOLE_ROWS(m, e, 0.7)  # noqa: E731
-SHARED_PROMPTS = lambda m, e: response_token_stats(m, e, 0.7, chunk_tokens=5, share_prompts=True)  # noqa: E731
 ARCHITECTURES = {"qwen2": (Qwen2ForCausalLM, Qwen2Config), "llama": (LlamaForCausalLM, LlamaConfig)}
 
 

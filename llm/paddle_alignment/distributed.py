@@ -77,6 +77,10 @@ def hybrid_communicate_group():
     return getattr(fleet.fleet, "_hcg", None)
 
 
+# Sharding stage 3 steps each sliced parameter as a new parameter named this prefix + the parameter's name.
+SLICE_PREFIX = "slice@"
+
+
 def sliced_by_sharding(tensor):
     """Whether sharding stage 3 (paddle's group_sharded_parallel) holds `tensor` as a slice (`fw_storage`), its
     whole value gathered only within its layer's forward and backward: code that reads it anywhere else finds

@@ -27,6 +27,7 @@ import numpy as np
 import paddle
 from paddlenlp.trainer import Trainer
 
+from paddle_alignment.distributed import SLICE_PREFIX
 from paddle_alignment.models.fused_kernels import fusable, fused_ops
 
 OPTIMIZER_OPS = ("fused_adamw", "fused_square_sum", "fused_scale")
@@ -116,13 +117,16 @@ class FusedClipGradByGlobalNorm(paddle.nn.ClipGradByGlobalNorm):
 def gradient_norm(parameters):
     """The global L2 norm of the gradients of `parameters` (in float32 or finer), as the optimizer's
     global-norm clip measures it before clipping."""
-    grads = [p.grad for p in parameters if p.grad is not None]
+    return math.sqrt(gradient_square_sum([p.grad for p in parameters if p.grad is not None]))
+
+
+def gradient_square_sum(grads):
+    """The sum of the squares of every element of `grads` (in float32 or finer)."""
     if not grads:
         return 0.0
     if optimizer_ops() is not None and all(map(dense_fusable, grads)):
-        return math.sqrt(fused_square_sum(grads))
-    squares = [paddle.square(g.astype("float32")).sum() for g in grads]
-    return float(paddle.sqrt(paddle.add_n(squares)))
+        return fused_square_sum(grads)
+    return float(paddle.add_n([paddle.square(g.astype("float32")).sum() for g in grads]))
 
 
 def build_adamw_classes(device):
@@ -136,7 +140,7 @@ def build_adamw_classes(device):
 def decay_filter(model):
     """AdamW decays every weight but biases and norms (paddlenlp Trainer's rule)."""
     names = {p.name for n, p in model.named_parameters() if not any(nd in n for nd in ["bias", "norm"])}
-    return lambda name: name in names
+    return lambda name: name.removeprefix(SLICE_PREFIX) in names
 
 
 def build_optimizer(args, model, lr_scheduler, weight_decay):

@@ -13,6 +13,9 @@ loss aggregation divides by the whole step's token or sequence count (LossScale)
 
 import numpy as np
 import paddle
+import paddle.distributed as dist
+
+from paddle_alignment.distributed import all_reduce_scalars
 
 
 def padded_tokens(prompt, response, rows):
@@ -69,12 +72,16 @@ class MicroBatching:
     def micro_batch(self, exp, rows):
         return exp.take(rows).trimmed() if self.dynamic else exp.take(rows)
 
-    def run(self, exp, pass_fn):
+    def run(self, exp, pass_fn, lockstep=False):
         """`pass_fn(micro)` -> [b, r] per-token values of each micro-batch of all of `exp`'s rows, put back
-        together as [B, R] in `exp`'s row order, zero where a micro-batch was narrower."""
+        together as [B, R] in `exp`'s row order, zero where a micro-batch was narrower. `lockstep`: as many
+        micro-batches on every data rank (the most any needs), for a model whose forwards hold collectives."""
         width = exp.response_mask.shape[1]
+        count = None
+        if lockstep:
+            count = int(all_reduce_scalars({"count": len(self.split(exp, range(len(exp))))}, dist.ReduceOp.MAX, "micro-batch counts of a pass")["count"])
         parts, order = [], []
-        for rows in self.split(exp, range(len(exp))):
+        for rows in self.split(exp, range(len(exp)), count):
             values = pass_fn(self.micro_batch(exp, rows))
             parts.append(paddle.nn.functional.pad(values, [0, width - values.shape[1]], data_format="NL"))
             order += rows

@@ -56,6 +56,7 @@ from paddle_alignment.offload import OffloadPlan
 from paddle_alignment.rollout import ColocatedRollout, RolloutTiming
 from paddle_alignment.rollout.decode import draw_seed
 from paddle_alignment.rollout.worker import RolloutWorker
+from paddle_alignment.sharding_stage3 import forwards_in_lockstep, measure_gradient_norm, measured_clip
 from paddle_alignment.split_training import SplitModelMixin
 
 
@@ -296,9 +297,11 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         num_steps = self.args.max_steps * self.args.optimizer_steps_per_rl_step
         self.create_optimizer_and_scheduler(num_training_steps=num_steps)
         self.model_wrapped = self._wrap_model(self.model)
+        measure_gradient_norm(self.model_wrapped, self.optimizer)
         if self.critic is not None:
             self.create_critic_optimizer(num_steps)
             self.critic_wrapped, self.critic_optimizer = self.wrap_with_optimizer(self.critic, self.critic_optimizer)
+            measure_gradient_norm(self.critic_wrapped, self.critic_optimizer)
         start_step = checkpoint_io.load_checkpoint(self, resume_from_checkpoint) if resume_from_checkpoint else 0
         self.offload = self.offload_plan()
         self.offload.offload_all()
@@ -425,7 +428,8 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
             with self.autocast_smart_context_manager():
                 return whole(response_values(self.critic, micro))
 
-        values = MicroBatching.from_args(self.args, self.args.per_device_value_batch_size).run(exp, values_of)
+        batching = MicroBatching.from_args(self.args, self.args.per_device_value_batch_size)
+        values = batching.run(exp, values_of, forwards_in_lockstep(self.critic))
         self.critic.train()
         return values * exp.response_mask
 
@@ -543,9 +547,14 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
     def optimizer_step(model, optimizer, lr_scheduler):
         """Clip (by the optimizer's global-norm clip), step, schedule; returns the pre-clip norm of the step's
         gradients (of the whole batch, over every rank)."""
+        stage3 = measured_clip(optimizer)
         if isinstance(optimizer, HybridParallelOptimizer):
             with collective("the optimizer step's gradient reduction"):
                 grad_norm = hybrid_parallel_step(optimizer)
+        elif stage3 is not None:
+            with collective("sharding stage 3's gradient reduction"):
+                optimizer.step()
+            grad_norm = stage3.norm
         else:
             # paddle.DataParallel has averaged the gradients over the data ranks during backward; a
             # tensor-parallel model, which it does not wrap (split_training.py), averages its parts of them now.
@@ -554,8 +563,9 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
             grad_norm = gradient_norm(model.parameters())
             optimizer.step()
         lr_scheduler.step()
-        # Gradients are freed, not zeroed, so an offloaded model leaves no gradient memory on the device.
-        optimizer.clear_grad(set_to_zero=False)
+        # Gradients are freed, not zeroed, so an offloaded model leaves no gradient memory on the device
+        # (stage 3's clear_grad takes no argument and frees its slices' gradients).
+        optimizer.clear_grad() if stage3 is not None else optimizer.clear_grad(set_to_zero=False)
         return grad_norm
 
     # ---- metrics, samples, evaluation ---------------------------------------------------------------
@@ -622,7 +632,13 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         shard = rank_shard(len(dataset))
         size = self.args.per_device_eval_batch_size
         totals = {"correct": 0.0, "reward": 0.0, "tool_callers": 0.0, "scored": 0.0, "count": 0.0}
-        for start in range(0, len(shard), size):
+        batches = math.ceil(len(shard) / size)
+        if forwards_in_lockstep(self.model):
+            batches = int(all_reduce_scalars({"batches": batches}, dist.ReduceOp.MAX, "evaluation batch counts")["batches"])
+        for start in range(0, batches * size, size):
+            if start >= len(shard):  # in lockstep, out of prompts: generate (a prompt, uncounted) while the peers do
+                self.rollout_worker.greedy_rollouts([dataset[shard[0] if shard else 0]])
+                continue
             exp = self.rollout_worker.greedy_rollouts([dataset[i] for i in shard[start : start + size]])
             scores = exp.scores.numpy()[~exp.unscored.numpy()] if self.excludes_unread_rows else exp.scores.numpy()
             if self.reward_scorer.max_score is not None:

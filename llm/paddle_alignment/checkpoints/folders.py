@@ -17,7 +17,7 @@ from paddlenlp.trainer.trainer import TRAINER_STATE_NAME
 from paddlenlp.trainer.trainer_utils import _re_checkpoint
 from paddlenlp.utils.log import logger
 
-from paddle_alignment.distributed import collective, hybrid_communicate_group, is_distributed
+from paddle_alignment.distributed import SLICE_PREFIX, collective, hybrid_communicate_group, is_distributed
 
 
 def collect_rng_states():
@@ -235,12 +235,19 @@ def rotate_checkpoints(output_dir, limit, just_written):
 def optimizer_state_by_structured_name(optimizer, model):
     """The optimizer state with each parameter's generated name (e.g. `linear_12.w_0`) replaced by its path
     in the model (e.g. `qwen2.layers.0.mlp.up_proj.weight`), so a checkpoint loads into any new instance."""
-    return rename_state_keys(optimizer.state_dict(), {p.name: n for n, p in model.named_parameters()})
+    return rename_state_keys(optimizer.state_dict(), parameter_names(model, lambda path, name: (name, path)))
 
 
 def optimizer_state_by_parameter_name(state, model):
     """The inverse of optimizer_state_by_structured_name, for `model`'s parameters (what set_state_dict reads)."""
-    return rename_state_keys(state, {n: p.name for n, p in model.named_parameters()})
+    return rename_state_keys(state, parameter_names(model, lambda path, name: (path, name)))
+
+
+def parameter_names(model, pair):
+    """{key: value} of `pair(path, generated name)` for each parameter of `model`, and for the slice sharding
+    stage 3 steps in its place (both names prefixed)."""
+    pairs = [pair(path, parameter.name) for path, parameter in model.named_parameters()]
+    return dict(pairs) | {SLICE_PREFIX + key: SLICE_PREFIX + value for key, value in pairs}
 
 
 def rename_state_keys(state, names):

@@ -45,6 +45,7 @@ from paddle_alignment.models.hf_layout import save_hf_folder
 from paddle_alignment.models.lora_utils import is_lora, merged_state_dict
 from paddle_alignment.models.tensor_parallel import complete_state_dict, is_tensor_parallel
 from paddle_alignment.rewards.judge import check_judge_record, save_judge_record
+from paddle_alignment.sharding_stage3 import gather_whole_weights
 from paddle_alignment.rollout import RolloutBatch
 
 CRITIC_OPTIMIZER_NAME, CRITIC_SCHEDULER_NAME = "value_optimizer.pdopt", "value_scheduler.pdparams"
@@ -75,6 +76,11 @@ def trained_models(trainer):
             )
         )
     return models
+
+
+def wrapped_models(trainer):
+    """The trained models as paddlenlp's Trainer wrapped them (the critic's: None without one)."""
+    return [trainer.model_wrapped, getattr(trainer, "critic_wrapped", None)]
 
 
 def is_first_rank():
@@ -123,6 +129,7 @@ def final_models(trainer):
 def save_final_models(trainer):
     """output_dir/policy, output_dir/value ..., each written to a temp folder and renamed when complete; with a
     judge, output_dir/judge.json."""
+    gather_whole_weights(*wrapped_models(trainer))
     for final in final_models(trainer):
         path = os.path.join(trainer.args.output_dir, final.folder)
         with watchdog.guarded("checkpoint write", f"the final model {path}"), atomic_directory(path) as tmp:
@@ -166,6 +173,7 @@ def save_checkpoint(trainer):
     args = trainer.args
     path = os.path.join(args.output_dir, f"checkpoint-{trainer.state.global_step}")
     rng_states = collect_rng_states()
+    gather_whole_weights(*wrapped_models(trainer))
     with watchdog.guarded("checkpoint write", path), atomic_directory(path) as tmp:
         for part in trained_models(trainer):
             save_model(part.model, os.path.join(tmp, part.folder), trainer.tokenizer)

@@ -593,6 +593,12 @@ class MultiTurnArguments:
             raise ValueError("tools and environment together: an environment answers every turn itself (call the tools from its step)")
         if not 0 < self.turn_reward_discount <= 1:
             raise ValueError(f"turn_reward_discount must lie in (0, 1], got {self.turn_reward_discount}")
+        if self.multi_turn and "stage3" in sharding_stages(self.sharding) and self.tensor_parallel_degree <= 1:
+            raise ValueError(
+                "tools or environment (multi-turn rollouts) with sharding stage3: each rank's trajectories take their "
+                "own number of turns, and every forward gathers the sliced weights from all ranks; use sharding "
+                "stage1 or stage2"
+            )
 
     @property
     def tool_paths(self):

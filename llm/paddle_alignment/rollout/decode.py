@@ -21,6 +21,7 @@ from paddle_alignment.experience import Experience
 from paddle_alignment.models.decoder_weights import unsupported_reason
 from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
 from paddle_alignment.models.static_cache_decoder import StaticCacheDecoder
+from paddle_alignment.sharding_stage3 import forwards_in_lockstep
 
 logger = logging.getLogger(__name__)
 
@@ -228,6 +229,7 @@ def decode_with_generate(model, tokenizer, input_ids, prompt_mask, sampling: Sam
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         use_cache=True,
+        synced_gpus=forwards_in_lockstep(model),  # a rank done early goes on with forwards while others decode
     )
     return response_ids
 

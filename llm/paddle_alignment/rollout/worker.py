@@ -33,6 +33,7 @@ from paddle_alignment.models.tensor_parallel import is_tensor_parallel, whole
 from paddle_alignment.offload import OffloadPlan
 from paddle_alignment.rollout import sync_check, weights
 from paddle_alignment.rollout.decode import SamplingConfig, draw_seed, generate_rollouts, sample_turn
+from paddle_alignment.sharding_stage3 import forwards_in_lockstep
 
 MAX_LOGGED_ROW_ERRORS = 8  # of one batch: the count is logged too
 
@@ -160,7 +161,7 @@ class RolloutWorker:
         native = NativeDecoder.for_model(model)  # None: the model's own forward (said once why)
         micro_batching = MicroBatching.from_args(self.args, self.args.per_device_logprob_batch_size)
         with tensor_parallel_waits(model, "the log-prob forward"):
-            return micro_batching.run(exp, lambda micro: self.batch_logprobs(model, native, micro))
+            return micro_batching.run(exp, lambda micro: self.batch_logprobs(model, native, micro), forwards_in_lockstep(model))
 
     @paddle.no_grad()
     def batch_logprobs(self, model, native, exp):

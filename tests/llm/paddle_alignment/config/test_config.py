@@ -12,7 +12,9 @@ from helpers import REPO_ROOT, BASE, parse
 from llm.alignment.rm.run_reward import ARGUMENT_CLASSES as REWARD_ARGUMENTS
 from llm.run_finetune import ARGUMENT_CLASSES as FINETUNE_ARGUMENTS
 from llm.tools.build_real_model import real_config
-from paddle_alignment.config.arguments import ARGUMENT_CLASSES, DecoupledRolloutArguments, check_parallel_degrees, parse_arguments
+from paddle_alignment.config.arguments import (
+    ARGUMENT_CLASSES, DecoupledRolloutArguments, MultiTurnArguments, check_parallel_degrees, parse_arguments,
+)
 from paddle_alignment.config.paddlenlp_keys import canonical_options
 from paddle_alignment.models.tensor_parallel import check_splittable
 
@@ -148,6 +150,18 @@ def test_decoupled_rollout_refuses_weights_sharding_stage_3_slices(sharding):
     args.tensor_parallel_degree = 2  # stage 3 runs as stage 1 under tensor parallel
     DecoupledRolloutArguments.validate_rollout_mode(args)
     assert args.rollout_dir == os.path.join("out", "rollout")
+
+
+@pytest.mark.parametrize("turns", [{"tools": "paddle_alignment.agents.calculator:calc"}, {"environment": "paddle_alignment.agents.environments:Environment"}])
+def test_multi_turn_rollouts_refuse_sharding_stage_3(turns):
+    """Each rank's trajectories take their own number of turns, where every forward of a stage-3 model gathers
+    its weights from all ranks."""
+    args = MultiTurnArguments(**turns)
+    args.sharding, args.tensor_parallel_degree = [ShardingOption.FULL_SHARD], 1
+    with pytest.raises(ValueError, match="multi-turn rollouts\) with sharding stage3: .* use sharding stage1 or stage2"):
+        args.validate_multi_turn()
+    args.tensor_parallel_degree = 2  # stage 3 runs as stage 1 under tensor parallel
+    args.validate_multi_turn()
 
 def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(FileNotFoundError):

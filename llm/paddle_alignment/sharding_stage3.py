@@ -1,0 +1,68 @@
+"""The optimizer step's gradient norm under sharding stage 3 (paddle's group_sharded_parallel, level p_g_os).
+
+Stage 3 keeps each large parameter's gradient on its rank only as a slice (`bw_storage`), reduced during the
+backward, and the small parameters it leaves whole (`unslice`, at most `segment_size` elements) keep their
+rank's own gradients until its optimizer step averages them. Before the step, no rank's `parameter.grad`
+holds the batch's gradient: the norm only exists inside the step, where the stage hands its clip the slices
+and the averaged whole gradients. `MeasuredClip` sits there, as the optimizer's clip.
+"""
+
+import math
+
+import paddle
+import paddle.distributed as dist
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3 import GroupShardedStage3
+
+from paddle_alignment.distributed import collective, sliced_by_sharding
+from paddle_alignment.fused_optimizer import gradient_square_sum
+
+
+class MeasuredClip:
+    """The clip of a stage-3 optimizer: measures the global norm of the gradients it is handed (this rank's
+    slices, summed over the sharding group, plus the whole ones) in `norm`, then runs the stage's own clip,
+    if the optimizer had one."""
+
+    def __init__(self, clip, group):
+        self.clip, self.group, self.norm = clip, group, None
+
+    @paddle.no_grad()
+    def __call__(self, params_grads):
+        sliced = [g for p, g in params_grads if g is not None and not getattr(p, "unslice", False)]
+        whole = [g for p, g in params_grads if g is not None and getattr(p, "unslice", False)]
+        slices = paddle.to_tensor(gradient_square_sum(sliced), dtype="float64")
+        dist.all_reduce(slices, group=self.group)
+        self.norm = math.sqrt(float(slices) + gradient_square_sum(whole))
+        return params_grads if self.clip is None else self.clip(params_grads)
+
+    def __getattr__(self, name):  # the stage's clip's settings (clip_norm, ...), as its own wrapper forwards them
+        return getattr(self.clip, name)
+
+
+def measure_gradient_norm(model_wrapped, optimizer):
+    """Under stage 3 (`model_wrapped` a GroupShardedStage3), make `optimizer`'s clip a MeasuredClip."""
+    if not isinstance(model_wrapped, GroupShardedStage3):
+        return
+    # With master gradients (amp_master_grad) the stage clips in the optimizer inside the mixed-precision one.
+    holder = getattr(optimizer, "_inner_opt", optimizer)
+    holder._grad_clip = MeasuredClip(holder._grad_clip, model_wrapped._group)
+
+
+def measured_clip(optimizer):
+    """The MeasuredClip of `optimizer`, or None when it is not a stage-3 optimizer."""
+    clip = getattr(getattr(optimizer, "_inner_opt", optimizer), "_grad_clip", None)
+    return clip if isinstance(clip, MeasuredClip) else None
+
+
+def gather_whole_weights(*wrapped_models):
+    """Before a save (every rank calls it): each stage-3 model's parameters whole, on the CPU, until its next
+    forward gathers them again (paddlenlp's Trainer saves stage 3 the same way)."""
+    for wrapped in wrapped_models:
+        if isinstance(wrapped, GroupShardedStage3):
+            with collective("sharding stage 3's gathering of whole weights to save"):
+                wrapped.get_all_parameters(convert2cpu=True)
+
+
+def forwards_in_lockstep(model):
+    """Whether every rank must run as many forwards of `model` as the others: stage 3 gathers each sliced weight
+    from every rank of its group in the forward of the weight's layer."""
+    return any(sliced_by_sharding(parameter) for parameter in model.parameters())

@@ -38,6 +38,7 @@ from paddlenlp.transformers.qwen2 import modeling as qwen2_modeling
 
 from paddle_alignment.algos.token_stats import entropy_from_logits, gather_logprobs, tempered_logits
 from paddle_alignment.custom_ops import paddlenlp_ops_with
+from paddle_alignment.models.tensor_parallel import is_dist_tensor
 
 SWITCH = "PADDLE_ALIGNMENT_FUSED_KERNELS"
 FUSED_OPS = (
@@ -67,7 +68,7 @@ def fusable(*tensors):
     for t in tensors:
         if t.dtype != paddle.float32 or not t.place.is_cpu_place():
             return False
-        if hasattr(t, "is_dist") and t.is_dist():
+        if is_dist_tensor(t):
             return False
     return True
 
@@ -158,7 +159,7 @@ def token_logprobs_and_entropy(logits, labels, temperature=1.0):
     both included (an output that is not differentiated costs nothing in the backward). Labels -100 (the
     ignore index of F.cross_entropy) give log-prob 0."""
     ops = fused_ops()
-    if ops is not None and logits.place.is_cpu_place() and not (hasattr(logits, "is_dist") and logits.is_dist()):
+    if ops is not None and logits.place.is_cpu_place() and not is_dist_tensor(logits):
         if logits.dtype != paddle.float32:
             logits = logits.astype("float32")
         if labels.dtype != paddle.int64:

@@ -24,6 +24,7 @@ from paddle_alignment.distributed import sliced_by_sharding
 from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
 from paddle_alignment.models.head_logprobs import DEFAULT_CHUNK_TOKENS, head_token_stats
 from paddle_alignment.models.shared_prompts import prepare_for_shared_prompts, shared_prompt_groups
+from paddle_alignment.models.tensor_parallel import is_dist_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ def chunkable_lm_head(model):
     if type(head) not in HEAD_CLASSES:  # None, or a head with adapters: its logits are not hidden @ weight
         return None
     weight = head.weight
-    if weight.is_distributed or (hasattr(weight, "is_dist") and weight.is_dist()) or sliced_by_sharding(weight):
+    if weight.is_distributed or is_dist_tensor(weight) or sliced_by_sharding(weight):
         return None
     return head
 

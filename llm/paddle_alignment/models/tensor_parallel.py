@@ -76,6 +76,12 @@ def is_tensor_parallel(model):
     return any(parameter.is_dist() for parameter in model.parameters())
 
 
+def is_dist_tensor(tensor):
+    """Whether `tensor` is a distributed tensor (split by the plan, or its replicated output); a value without
+    `is_dist` (not an eager tensor) is not."""
+    return hasattr(tensor, "is_dist") and tensor.is_dist()
+
+
 def local_value(tensor):
     """This rank's part of a distributed tensor; a plain tensor as it is."""
     return tensor._local_value() if tensor.is_dist() else tensor

@@ -33,26 +33,33 @@ def stage3_first_step(world, tmp_path, **changes):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
-def test_sharding_stage3_step_equals_one_process_on_the_same_global_batch(tiny_world, tmp_path, algorithm):
+@pytest.mark.parametrize(
+    "changes",
+    [{"rl_algorithm": "grpo"}, {"rl_algorithm": "ppo"}, {"rl_algorithm": "grpo", "lora": "true", "lora_rank": 4, "recompute": "true"}],
+    ids=["grpo", "ppo", "grpo-lora-recompute"],
+)
+def test_sharding_stage3_step_equals_one_process_on_the_same_global_batch(tiny_world, tmp_path, changes):
     """Each rank keeps slices of the weights and of the optimizer's states; every forward gathers its layer's
     weights and every backward reduces their gradients to the slices. Against 1 process on the same 8 prompts:
-    the loss, the gradient norms of the whole batch (measured inside stage 3's step), the weights after it."""
-    one = first_step(tiny_world, tmp_path, "one", processes=1, rl_algorithm=algorithm, **STEP)
-    output = stage3_first_step(tiny_world, tmp_path, rl_algorithm=algorithm, **STEP)
+    the loss, the gradient norms of the whole batch (measured inside stage 3's step), the weights after it.
+    PPO's critic is sliced too; with LoRA only the adapters train (and are sliced), the reference being the
+    policy with them off."""
+    one = first_step(tiny_world, tmp_path, "one", processes=1, **changes, **STEP)
+    output = stage3_first_step(tiny_world, tmp_path, **changes, **STEP)
     two = json.loads(output.read_text())
     keys = ["loss/policy_avg", "grad_norm", "reward_mean", "accuracy"]
-    keys += ["loss/value_avg", "critic_grad_norm"] if algorithm == "ppo" else []
+    keys += ["loss/value_avg", "critic_grad_norm"] if changes["rl_algorithm"] == "ppo" else []
     assert one["grad_norm"] > 1e-3
     for key in keys:
         assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
     names = sorted(one["weights"])
     np.testing.assert_allclose([two["weights"][n] for n in names], [one["weights"][n] for n in names], rtol=1e-6, atol=1e-5)
-    # Each rank's optimizer holds about half the states (slices padded to stage 3's alignment).
+    # Each rank's optimizer holds half the sliced parameters' states (padded to stage 3's alignment) and all of
+    # the small parameters' (biases, norms, LoRA's A matrices): 50.5% of the states of the GRPO step, 73% with LoRA.
     whole = json.loads((tmp_path / "one.json.rank0").read_text())["optimizer_state_elements"]
     for rank in (0, 1):
         held = json.loads((tmp_path / f"stage3.json.rank{rank}").read_text())["optimizer_state_elements"]
-        assert 0.5 * whole < held < 0.6 * whole, (held, whole)
+        assert 0.5 * whole < held < 0.75 * whole, (held, whole)
 
 
 def stage3_argv(world, output_dir):

@@ -80,7 +80,8 @@ def weight_digest(model):
 def rank_holdings(trainer):
     """The elements this rank holds of the policy's parameters and of its optimizer's states, its parameter
     count, and its tensor-parallel rank."""
-    states = [state for per_parameter in trainer.optimizer._accumulators.values() for state in per_parameter.values()]
+    optimizer = getattr(trainer.optimizer, "_optim", trainer.optimizer)  # sharding stage 2's wraps the one stepping
+    states = [state for per_parameter in optimizer._accumulators.values() for state in per_parameter.values()]
     hcg = hybrid_communicate_group()
     return {
         "tensor_parallel_rank": hcg.get_model_parallel_rank() if hcg is not None else 0,

@@ -47,6 +47,7 @@ from paddle_alignment.distributed import (
 from paddle_alignment.data import IGNORE_INDEX
 from paddle_alignment.experience import Experience
 from paddle_alignment.fused_optimizer import FusedOptimizerMixin, build_optimizer, gradient_norm
+from paddle_alignment.group_sharded import forwards_in_lockstep, measure_gradient_norm, measured_clip
 from paddle_alignment.micro_batches import MicroBatching
 from paddle_alignment.models.lora_utils import is_lora
 from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective, response_token_stats
@@ -56,7 +57,6 @@ from paddle_alignment.offload import OffloadPlan
 from paddle_alignment.rollout import ColocatedRollout, RolloutTiming
 from paddle_alignment.rollout.decode import draw_seed
 from paddle_alignment.rollout.worker import RolloutWorker
-from paddle_alignment.sharding_stage3 import forwards_in_lockstep, measure_gradient_norm, measured_clip
 from paddle_alignment.split_training import SplitModelMixin
 
 
@@ -547,14 +547,14 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
     def optimizer_step(model, optimizer, lr_scheduler):
         """Clip (by the optimizer's global-norm clip), step, schedule; returns the pre-clip norm of the step's
         gradients (of the whole batch, over every rank)."""
-        stage3 = measured_clip(optimizer)
+        group_sharded = measured_clip(optimizer)
         if isinstance(optimizer, HybridParallelOptimizer):
             with collective("the optimizer step's gradient reduction"):
                 grad_norm = hybrid_parallel_step(optimizer)
-        elif stage3 is not None:
-            with collective("sharding stage 3's gradient reduction"):
+        elif group_sharded is not None:
+            with collective("the group-sharded step's gradient reduction"):
                 optimizer.step()
-            grad_norm = stage3.norm
+            grad_norm = group_sharded.norm
         else:
             # paddle.DataParallel has averaged the gradients over the data ranks during backward; a
             # tensor-parallel model, which it does not wrap (split_training.py), averages its parts of them now.
@@ -564,8 +564,8 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
             optimizer.step()
         lr_scheduler.step()
         # Gradients are freed, not zeroed, so an offloaded model leaves no gradient memory on the device
-        # (stage 3's clear_grad takes no argument and frees its slices' gradients).
-        optimizer.clear_grad() if stage3 is not None else optimizer.clear_grad(set_to_zero=False)
+        # (stages 2 and 3 replace clear_grad by one without arguments that frees their gradients).
+        optimizer.clear_grad() if group_sharded is not None else optimizer.clear_grad(set_to_zero=False)
         return grad_norm
 
     # ---- metrics, samples, evaluation ---------------------------------------------------------------

@@ -41,11 +41,11 @@ from paddle_alignment.checkpoints.folders import (
 )
 from paddle_alignment import watchdog
 from paddle_alignment.distributed import collective, is_distributed
+from paddle_alignment.group_sharded import gather_whole_weights
 from paddle_alignment.models.hf_layout import save_hf_folder
 from paddle_alignment.models.lora_utils import is_lora, merged_state_dict
 from paddle_alignment.models.tensor_parallel import complete_state_dict, is_tensor_parallel
 from paddle_alignment.rewards.judge import check_judge_record, save_judge_record
-from paddle_alignment.sharding_stage3 import gather_whole_weights
 from paddle_alignment.rollout import RolloutBatch
 
 CRITIC_OPTIMIZER_NAME, CRITIC_SCHEDULER_NAME = "value_optimizer.pdopt", "value_scheduler.pdparams"

@@ -18,10 +18,10 @@ import paddle
 
 from paddle_alignment.custom_ops import paddlenlp_ops_with
 from paddle_alignment.experience import Experience
+from paddle_alignment.group_sharded import forwards_in_lockstep
 from paddle_alignment.models.decoder_weights import unsupported_reason
 from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
 from paddle_alignment.models.static_cache_decoder import StaticCacheDecoder
-from paddle_alignment.sharding_stage3 import forwards_in_lockstep
 
 logger = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ from paddle_alignment.agents.tools import ToolBox, load_tools
 from paddle_alignment.deadline_workers import WorkerPool
 from paddle_alignment.distributed import collective, is_distributed
 from paddle_alignment.experience import Experience
+from paddle_alignment.group_sharded import forwards_in_lockstep
 from paddle_alignment.micro_batches import MicroBatching
 from paddle_alignment.models.head_logprobs import head_token_stats
 from paddle_alignment.models.lora_utils import adapters_disabled
@@ -33,7 +34,6 @@ from paddle_alignment.models.tensor_parallel import is_tensor_parallel, whole
 from paddle_alignment.offload import OffloadPlan
 from paddle_alignment.rollout import sync_check, weights
 from paddle_alignment.rollout.decode import SamplingConfig, draw_seed, generate_rollouts, sample_turn
-from paddle_alignment.sharding_stage3 import forwards_in_lockstep
 
 MAX_LOGGED_ROW_ERRORS = 8  # of one batch: the count is logged too
 

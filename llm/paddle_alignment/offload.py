@@ -37,8 +37,10 @@ def model_tensors(model):
 def optimizer_tensors(optimizer):
     """The state tensors an optimizer holds now; they appear lazily, on its first step (or set_state_dict).
 
-    Fleet's optimizer wrappers forward these attributes to the inner optimizer.
+    Fleet's optimizer wrappers forward these attributes to the inner optimizer; sharding stage 2's holds it as
+    `_optim` (stage 3 sets `_optim` to the optimizer itself).
     """
+    optimizer = getattr(optimizer, "_optim", optimizer)
     accumulators = [tensor for per_param in optimizer._accumulators.values() for tensor in per_param.values()]
     master_weights = list(optimizer._master_weights.values())
     # A resumed state waits here until the first step copies it into fresh accumulators.

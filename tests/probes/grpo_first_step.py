@@ -28,6 +28,7 @@ from llm.alignment.ppo import run_ppo  # noqa: E402
 from paddle_alignment.checkpoints.saving import save_final_models  # noqa: E402
 from paddle_alignment.distributed import finish_distributed_run, hybrid_communicate_group  # noqa: E402
 from paddle_alignment.models.tensor_parallel import local_value, whole  # noqa: E402
+from paddle_alignment.offload import optimizer_tensors  # noqa: E402
 from paddle_alignment.rollout import ColocatedRollout, RolloutBatch  # noqa: E402
 from paddle_alignment.rollout.decode import left_pad, package_rollouts  # noqa: E402
 
@@ -80,8 +81,7 @@ def weight_digest(model):
 def rank_holdings(trainer):
     """The elements this rank holds of the policy's parameters and of its optimizer's states, its parameter
     count, and its tensor-parallel rank."""
-    optimizer = getattr(trainer.optimizer, "_optim", trainer.optimizer)  # sharding stage 2's wraps the one stepping
-    states = [state for per_parameter in optimizer._accumulators.values() for state in per_parameter.values()]
+    states = optimizer_tensors(trainer.optimizer)
     hcg = hybrid_communicate_group()
     return {
         "tensor_parallel_rank": hcg.get_model_parallel_rank() if hcg is not None else 0,

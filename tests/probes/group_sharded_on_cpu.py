@@ -8,12 +8,13 @@ Paddle 3.3's group-sharded stages are its GPU engine, and refuse a CPU build at 
   GroupShardedOptimizerStage2 (here: `core` answers that it was compiled with CUDA);
 - a device id read from the device's name, `gpu:N` ("cpu" has none: here "cpu:0");
 - host-device copies: `tensor.cpu()` is, on CPU, the tensor itself, which the stages then clear (here: a
-  copy), and `cvt_to_device` knows no CPU place (here: a copy on the CPU).
+  copy); `cvt_to_device` knows no CPU place (here: a copy on the CPU); the global-norm clip moves its norm to
+  the GPU with `tensor.cuda()` before reducing it (here: it stays).
 Past those, the slicing and owning of parameters, the gathers, reductions and broadcasts over gloo, the
-optimizer steps on slices and owned parameters and the gathering for saves are paddle's own, as on GPUs.
-Stage 3 slices every parameter of more than SEGMENT_SIZE elements (the tiny models' weights; their biases and
-norms stay whole, as stage 3 leaves small parameters). The run's layout check accepts stages 2 and 3 on CPU.
-Paddle's global-norm clip for these stages moves its norm to a GPU: runs through this probe set max_grad_norm 0.
+optimizer steps and global-norm clip on slices and owned parameters and the gathering for saves are paddle's
+own, as on GPUs. Stage 3 slices every parameter of more than SEGMENT_SIZE elements (the tiny models' weights;
+their biases and norms stay whole, as stage 3 leaves small parameters). The run's layout check accepts stages
+2 and 3 on CPU.
 """
 
 import os
@@ -76,7 +77,9 @@ paddle.Tensor.cpu = lambda tensor: host_of(tensor).clone() if tensor.place.is_cp
 storage.cvt_to_device = lambda tensor, device_id, blocking=True: tensor._copy_to(paddle.CPUPlace(), blocking)
 for module in (stage3, optimizer_stage2):
     module.core = Replaced(module.core, is_compiled_with_cuda=compiled_with_cuda)
-optimizer_stage2.paddle = Replaced(paddle, get_device=lambda: "cpu:0")
+for module in (stage3, optimizer_stage2):
+    module.paddle = Replaced(paddle, get_device=lambda: "cpu:0")
+paddle.Tensor.cuda = lambda tensor, *args, **kwargs: tensor
 sharding.group_sharded_parallel = group_sharded_parallel
 check_parallel_degrees = arguments.check_parallel_degrees
 arguments.check_parallel_degrees = lambda args, world_size, on_accelerator: check_parallel_degrees(args, world_size, True)

@@ -79,7 +79,8 @@ class MicroBatching:
         width = exp.response_mask.shape[1]
         count = None
         if lockstep:
-            count = int(all_reduce_scalars({"count": len(self.split(exp, range(len(exp))))}, dist.ReduceOp.MAX, "micro-batch counts of a pass")["count"])
+            needed = {"count": len(self.split(exp, range(len(exp))))}
+            count = int(all_reduce_scalars(needed, dist.ReduceOp.MAX, "micro-batch counts of a pass")["count"])
         parts, order = [], []
         for rows in self.split(exp, range(len(exp)), count):
             values = pass_fn(self.micro_batch(exp, rows))

@@ -88,6 +88,11 @@ def sliced_by_sharding(tensor):
     return hasattr(tensor, "fw_storage")
 
 
+def holds_sliced_weights(model):
+    """Whether sharding stage 3 holds any of `model`'s parameters as a slice (sliced_by_sharding)."""
+    return any(sliced_by_sharding(parameter) for parameter in model.parameters())
+
+
 def data_parallel_rank_and_size():
     """(rank, size) among the ranks that hold different data: data-parallel x sharding ranks under fleet
     hybrid parallel, else all ranks."""

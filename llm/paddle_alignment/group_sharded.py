@@ -21,7 +21,7 @@ import paddle.distributed as dist
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2 import GroupShardedStage2
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3 import GroupShardedStage3
 
-from paddle_alignment.distributed import collective, sliced_by_sharding
+from paddle_alignment.distributed import collective, holds_sliced_weights
 from paddle_alignment.fused_optimizer import gradient_square_sum
 
 
@@ -46,10 +46,16 @@ class MeasuredClip:
         return getattr(self.clip, name)
 
 
+def stepping_optimizer(optimizer):
+    """The optimizer that steps and holds the states: the one sharding stage 2's wraps (`_optim`; stage 3 sets
+    `_optim` to the optimizer itself), else `optimizer`."""
+    return getattr(optimizer, "_optim", optimizer)
+
+
 def clipping_optimizer(optimizer):
-    """The optimizer whose clip a group-sharded step runs: stage 2's inner one (`_optim`; stage 3 sets it to the
-    optimizer itself), or, with master gradients (amp_master_grad), the one inside the mixed-precision one."""
-    inner = getattr(optimizer, "_optim", optimizer)
+    """The optimizer whose clip a group-sharded step runs: the stepping one or, with master gradients
+    (amp_master_grad), the one inside that mixed-precision one."""
+    inner = stepping_optimizer(optimizer)
     return getattr(inner, "_inner_opt", inner)
 
 
@@ -78,4 +84,4 @@ def gather_whole_weights(*wrapped_models):
 def forwards_in_lockstep(model):
     """Whether every rank must run as many forwards of `model` as the others: stage 3 gathers each sliced weight
     from every rank of its group in the forward of the weight's layer."""
-    return any(sliced_by_sharding(parameter) for parameter in model.parameters())
+    return holds_sliced_weights(model)

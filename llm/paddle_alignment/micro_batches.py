@@ -69,6 +69,13 @@ class MicroBatching:
         budget = self.max_tokens if self.max_tokens > 0 else self.rows_per_batch * int(prompt.max() + response.max())
         return token_budget_batches(prompt, response, rows, budget, count)
 
+    def splits_in_lockstep(self, exp, row_lists, what):
+        """split(exp, rows) of each of `row_lists`, into as many micro-batches on every data rank as the rank that
+        needs the most (`what`: whose counts, for the watchdog's messages)."""
+        needed = {i: len(self.split(exp, rows)) for i, rows in enumerate(row_lists)}
+        counts = all_reduce_scalars(needed, dist.ReduceOp.MAX, f"micro-batch counts of {what}")
+        return [self.split(exp, rows, int(counts[i])) for i, rows in enumerate(row_lists)]
+
     def micro_batch(self, exp, rows):
         return exp.take(rows).trimmed() if self.dynamic else exp.take(rows)
 
@@ -77,12 +84,10 @@ class MicroBatching:
         together as [B, R] in `exp`'s row order, zero where a micro-batch was narrower. `lockstep`: as many
         micro-batches on every data rank (the most any needs), for a model whose forwards hold collectives."""
         width = exp.response_mask.shape[1]
-        count = None
-        if lockstep:
-            needed = {"count": len(self.split(exp, range(len(exp))))}
-            count = int(all_reduce_scalars(needed, dist.ReduceOp.MAX, "micro-batch counts of a pass")["count"])
+        rows = range(len(exp))
+        batches = self.splits_in_lockstep(exp, [rows], "a pass")[0] if lockstep else self.split(exp, rows)
         parts, order = [], []
-        for rows in self.split(exp, range(len(exp)), count):
+        for rows in batches:
             values = pass_fn(self.micro_batch(exp, rows))
             parts.append(paddle.nn.functional.pad(values, [0, width - values.shape[1]], data_format="NL"))
             order += rows

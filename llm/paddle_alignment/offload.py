@@ -12,6 +12,8 @@ import contextlib
 import paddle
 from paddlenlp.utils.log import logger
 
+from paddle_alignment.group_sharded import stepping_optimizer
+
 OFFLOAD_GROUPS = ("freeze_model", "optimizer", "train_model")
 
 
@@ -37,10 +39,10 @@ def model_tensors(model):
 def optimizer_tensors(optimizer):
     """The state tensors an optimizer holds now; they appear lazily, on its first step (or set_state_dict).
 
-    Fleet's optimizer wrappers forward these attributes to the inner optimizer; sharding stage 2's holds it as
-    `_optim` (stage 3 sets `_optim` to the optimizer itself).
+    Fleet's optimizer wrappers forward these attributes to the inner optimizer; sharding stage 2's does not
+    (group_sharded.stepping_optimizer).
     """
-    optimizer = getattr(optimizer, "_optim", optimizer)
+    optimizer = stepping_optimizer(optimizer)
     accumulators = [tensor for per_param in optimizer._accumulators.values() for tensor in per_param.values()]
     master_weights = list(optimizer._master_weights.values())
     # A resumed state waits here until the first step copies it into fresh accumulators.

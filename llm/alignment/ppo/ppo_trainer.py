@@ -452,7 +452,8 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
             for i in range(0, len(starts), accumulate)
         ]
         batching = MicroBatching.from_args(args, size)
-        splits = self.same_number_of_micro_batches(batching, exp, steps)
+        # The ranks' backward passes must pair up.
+        splits = batching.splits_in_lockstep(exp, steps, "the update")
         computed_tokens = real_tokens = 0
         for micro_rows, scale in zip(splits, self.loss_scales(exp.response_mask, steps)):
             for i, rows in enumerate(micro_rows):
@@ -486,14 +487,6 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
             metrics["critic_lr"] = self.critic_lr_scheduler.get_lr()
         metrics["update_padding_ratio"] = computed_tokens / max(real_tokens, 1)
         return metrics
-
-    @staticmethod
-    def same_number_of_micro_batches(batching, exp, steps):
-        """The micro-batches (row lists) of each optimizer step's rows, as many on every data rank (the ranks'
-        backward passes must pair up): the most any rank needs."""
-        counts = all_reduce_scalars({f"step_{i}": len(batching.split(exp, rows)) for i, rows in enumerate(steps)},
-                                    op=dist.ReduceOp.MAX, what="micro-batch counts of the update")
-        return [batching.split(exp, rows, int(counts[f"step_{i}"])) for i, rows in enumerate(steps)]
 
     def loss_scales(self, response_mask, steps):
         """The LossScale of each optimizer step (a list of its rows): its response tokens and responses,

@@ -593,7 +593,7 @@ class MultiTurnArguments:
             raise ValueError("tools and environment together: an environment answers every turn itself (call the tools from its step)")
         if not 0 < self.turn_reward_discount <= 1:
             raise ValueError(f"turn_reward_discount must lie in (0, 1], got {self.turn_reward_discount}")
-        if self.multi_turn and "stage3" in sharding_stages(self.sharding) and self.tensor_parallel_degree <= 1:
+        if self.multi_turn and slices_weights(self):
             raise ValueError(
                 "tools or environment (multi-turn rollouts) with sharding stage3: each rank's trajectories take their "
                 "own number of turns, and every forward gathers the sliced weights from all ranks; use sharding "
@@ -663,7 +663,7 @@ class DecoupledRolloutArguments:
                 f"rollout_mode=decoupled: pipeline_parallel_degree={self.pipeline_parallel_degree} is not supported "
                 "with it (split the trainer with tensor_parallel_degree, data parallel or sharding stage1)"
             )
-        if "stage3" in sharding_stages(self.sharding) and self.tensor_parallel_degree <= 1:
+        if slices_weights(self):
             raise ValueError(
                 "rollout_mode=decoupled with sharding stage3: the trainer publishes the policy's whole weights to its "
                 "samplers, and stage 3 holds each only in slices; use sharding stage1 or stage2"
@@ -874,6 +874,12 @@ def sharding_stages(sharding):
     TrainingArguments makes of it."""
     options = sharding if isinstance(sharding, (list, tuple)) else str(sharding or "").split()
     return {getattr(option, "value", option) for option in options}
+
+
+def slices_weights(args):
+    """Whether sharding stage 3 holds the weights in slices: `sharding stage3` without tensor parallel (under
+    which it runs as stage 1)."""
+    return "stage3" in sharding_stages(args.sharding) and args.tensor_parallel_degree <= 1
 
 
 def check_launch_layout(args):

@@ -7,7 +7,7 @@ import paddle
 import paddle.distributed as dist
 import paddle.nn.functional as F
 
-from paddle_alignment.distributed import sliced_by_sharding
+from paddle_alignment.distributed import holds_sliced_weights
 from paddle_alignment.models.fused_kernels import rms_norm, swiglu
 from paddle_alignment.models.tensor_parallel import local_value
 
@@ -28,7 +28,7 @@ def unsupported_reason(model):
         return "long-sequence rope strategies are not supported"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act={config.hidden_act!r} (only SwiGLU MLPs are supported)"
-    if any(sliced_by_sharding(parameter) for parameter in model.parameters()):
+    if holds_sliced_weights(model):
         return "sharding stage 3 holds the weights in slices, whole only within each layer's forward"
     return None
 

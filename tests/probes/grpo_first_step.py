@@ -8,8 +8,9 @@ for each prompt the right sum and wrong ones, rewards that differ within every g
 the rollout (rewards, log-probs, advantages, the update with data-parallel gradient synchronisation,
 metrics over ranks) is run_ppo's own, and so is the final policy it writes to output_dir/policy. Rank 0 writes
 the last step's metrics to METRICS.json, with a digest of the policy's weights after it under "weights"; each
-rank its number of response tokens, and the elements of its parts of the policy's parameters and of its
-optimizer's states, to METRICS.json.rankN.
+rank its number of response tokens, the elements of its parts of the policy's parameters and of its
+optimizer's states, and how many passes took their log-probs chunk by chunk (models/head_logprobs.py), to
+METRICS.json.rankN.
 """
 
 import json
@@ -27,6 +28,7 @@ import paddle  # noqa: E402
 from llm.alignment.ppo import run_ppo  # noqa: E402
 from paddle_alignment.checkpoints.saving import save_final_models  # noqa: E402
 from paddle_alignment.distributed import finish_distributed_run, hybrid_communicate_group  # noqa: E402
+from paddle_alignment.models.head_logprobs import ChunkedHeadStats  # noqa: E402
 from paddle_alignment.models.tensor_parallel import local_value, whole  # noqa: E402
 from paddle_alignment.offload import optimizer_tensors  # noqa: E402
 from paddle_alignment.rollout import ColocatedRollout, RolloutBatch  # noqa: E402
@@ -34,6 +36,18 @@ from paddle_alignment.rollout.decode import left_pad, package_rollouts  # noqa: 
 
 # Added to the right sum: the answers of one group, the first one right.
 ANSWER_OFFSETS = (0, 1, -1, 10)
+CHUNKED_PASSES = []  # one entry per pass of ChunkedHeadStats
+
+
+def counted(apply):
+    def apply_and_count(*args):
+        CHUNKED_PASSES.append(1)
+        return apply(*args)
+
+    return apply_and_count
+
+
+ChunkedHeadStats.apply = counted(ChunkedHeadStats.apply)
 
 
 def fixed_rollouts(tokenizer, items, n):
@@ -95,7 +109,7 @@ if __name__ == "__main__":
     trainer, exp, metrics = first_steps_metrics(sys.argv[2:])
     weights = weight_digest(trainer.model)
     with open(f"{sys.argv[1]}.rank{paddle.distributed.get_rank()}", "w") as f:
-        json.dump({"response_tokens": float(exp.response_mask.sum())} | rank_holdings(trainer), f)
+        json.dump({"response_tokens": float(exp.response_mask.sum()), "chunked_head_passes": len(CHUNKED_PASSES)} | rank_holdings(trainer), f)
     if trainer.is_world_process_zero():
         with open(sys.argv[1], "w") as f:
             json.dump(metrics | {"weights": weights}, f)

@@ -10,15 +10,20 @@ gradients from it. At most one chunk's [chunk_tokens, V] float32 logits (and the
 the results equal the whole-logits computation (same formulas, same order within a token).
 
 The gradient of the head's weight is summed over the chunks, so the head's [V, H] gradient exists once plus
-one chunk's share while it is added; the hidden states' gradient comes chunk by chunk. Paddle cannot take
+one chunk's share while it is added; the hidden states' gradient comes chunk by chunk. Under tensor parallel
+the weight and hidden states are distributed tensors: a head split over the vocabulary gives each rank its
+part of each chunk's logits, Paddle's engine reduces the softmax over the ranks, and each chunk's
+hidden-state gradient is summed over them (reduced_partials). Paddle cannot take
 `paddle.grad` through this layer (a backward inside a backward): `loss.backward()` only, as the trainer does.
 """
 
 import paddle
+import paddle.distributed as dist
 from paddle.autograd import PyLayer
 from paddle.base import core
 
 from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
+from paddle_alignment.models.tensor_parallel import is_dist_tensor
 
 DEFAULT_CHUNK_TOKENS = 512
 
@@ -80,8 +85,18 @@ class ChunkedHeadStats(PyLayer):
                 outputs = token_logprobs_and_entropy(head_logits(chunk, head, transpose), labels[start:end], temperature)
             seeds = [(out, grad[start:end]) for out, grad in zip(outputs, (grad_logprobs, grad_entropy)) if grad is not None]
             paddle.autograd.backward([out for out, _ in seeds], [grad for _, grad in seeds])
-            grad_hidden.append(chunk.grad)
+            grad_hidden.append(reduced_partials(chunk.grad))
         return paddle.concat(grad_hidden), None if weight.stop_gradient else head.grad
+
+
+def reduced_partials(tensor):
+    """`tensor` with its partial placements reduced over their ranks. A head split over the vocabulary by tensor
+    parallel leaves each rank a partial sum of the hidden states' gradient, which Paddle (3.3) would take from
+    the backward as a value of the hidden states' own placement without reducing it (measured: each rank's
+    gradient was its own part)."""
+    if not is_dist_tensor(tensor) or not any(p.is_partial() for p in tensor.placements):
+        return tensor
+    return dist.reshard(tensor, tensor.process_mesh, [dist.Replicate() if p.is_partial() else p for p in tensor.placements])
 
 
 def head_token_stats(hidden, weight, transpose, labels, temperature=1.0, chunk_tokens=DEFAULT_CHUNK_TOKENS):

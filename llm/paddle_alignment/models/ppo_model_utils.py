@@ -214,13 +214,15 @@ def response_labels(exp):
 
 def chunkable_lm_head(model):
     """The LM head of `model` when its log-probs can be taken chunk by chunk from the hidden states (a plain
-    head whose whole weight this rank holds outside the head's forward), else None: not a head split by tensor
-    parallel, nor one sliced by sharding stage 3 (sliced_by_sharding)."""
+    head whose logits are hidden @ weight as the weight stands outside the head's forward), else None: not a
+    head of fleet's model-parallel layers, whose part of the vocabulary needs their own collectives, nor one
+    sliced by sharding stage 3 (sliced_by_sharding). A head the tensor-parallel plan split over the vocabulary
+    (a distributed weight) is chunkable: Paddle's engine reduces each chunk's softmax over the ranks."""
     head = lm_head_layer(model)
     if type(head) not in HEAD_CLASSES:  # None, or a head with adapters: its logits are not hidden @ weight
         return None
     weight = head.weight
-    if weight.is_distributed or is_dist_tensor(weight) or sliced_by_sharding(weight):
+    if weight.is_distributed or sliced_by_sharding(weight):
         return None
     return head
 
@@ -243,9 +245,10 @@ def response_token_stats(model, exp, temperature=1.0, chunk_tokens=DEFAULT_CHUNK
     once (shared_prompt_hidden). Otherwise from the whole response logits."""
     labels = response_labels(exp)
     head = chunkable_lm_head(model)
+    if share_prompts and (head is None or is_dist_tensor(head.weight)):
+        warn_prompts_unshared()
+        share_prompts = False
     if head is None:
-        if share_prompts:
-            warn_prompts_unshared()
         return token_logprobs_and_entropy(response_logits(model, exp), labels, temperature)
     groups = shared_prompt_groups(exp) if share_prompts else None
     if groups is not None:
@@ -258,8 +261,9 @@ def response_token_stats(model, exp, temperature=1.0, chunk_tokens=DEFAULT_CHUNK
 
 @functools.lru_cache(maxsize=None)
 def warn_prompts_unshared():
-    logger.warning("share_prompt_forward: this model's LM head is not a plain one on this rank (adapters, split by "
-                   "tensor parallel, or sliced by sharding stage 3), so each row runs its whole prompt")
+    logger.warning("share_prompt_forward: this model's LM head is not a plain one on this rank (adapters, fleet's "
+                   "model-parallel layers, a tensor-parallel model, or sliced by sharding stage 3), so each row "
+                   "runs its whole prompt")
 
 
 def shared_prompt_hidden(model, head, exp, first, row_prompt):

@@ -56,6 +56,29 @@ def test_tensor_parallel_step_equals_one_process(tiny_world, tmp_path, one_proce
     np.testing.assert_allclose([two["weights"][n] for n in names], [one["weights"][n] for n in names], rtol=1e-6, atol=atol)
 
 
+@pytest.mark.parametrize("vocabulary", ["whole", "split"])
+def test_tensor_parallel_step_with_log_probs_in_chunks_equals_one_process(tiny_world, tmp_path, vocabulary):
+    """Under tensor parallel too the response tokens' log-probs and entropies are taken from the hidden states a
+    chunk of tokens at a time (models/head_logprobs.py), the LM head whole on every rank or split over the
+    vocabulary (an untied, padded copy): in chunks of 8 tokens (micro-batches hold more), at temperature 0.7,
+    the first GRPO step's loss, gradient norm, entropy and weights equal one process's taking each
+    micro-batch's logits whole."""
+    model = tiny_world["model"]
+    if vocabulary == "split":
+        model = untied_copy_with_padded_vocabulary(model, str(tmp_path / "untied"), 2)
+    one = first_step(tiny_world, tmp_path, "one", processes=1, actor_model_name_or_path=model, temperature=0.7)
+    two = first_step(tiny_world, tmp_path, "two", processes=2, data_ranks=1, actor_model_name_or_path=model,
+                     temperature=0.7, tensor_parallel_degree=2, logprob_chunk_tokens=8)
+    assert json.loads((tmp_path / "one.json.rank0").read_text())["chunked_head_passes"] == 0
+    assert split_messages(tmp_path / "two_log")[0].endswith(f"vocabulary {'split' if vocabulary == 'split' else 'whole on every rank'}")
+    ranks = [json.loads((tmp_path / f"two.json.rank{rank}").read_text()) for rank in range(2)]
+    assert all(rank["chunked_head_passes"] > 0 for rank in ranks)
+    for key in ["loss/policy_avg", "grad_norm", "entropy", "reward_mean"]:
+        assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
+    names = sorted(one["weights"])
+    np.testing.assert_allclose([two["weights"][n] for n in names], [one["weights"][n] for n in names], rtol=1e-6, atol=1e-5)
+
+
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_tensor_parallel_by_data_parallel_step_equals_one_process(tiny_world, tmp_path, one_process_first_step, algorithm):
     """TP2 x DP2 over 4 processes: each tensor-parallel pair holds half of the 8 prompts and half of each split

@@ -47,16 +47,16 @@ def prepare_for_shared_prompts(model):
 
 
 class AttentionAfterCache:
-    """An attention layer's `attn_func` (prepare_for_shared_prompts): on paddlenlp's flash-attention branch, where
-    queries follow cached keys, scaled_dot_product_attention given only the mask, on any device; paddlenlp's
-    own (`original`) everywhere else."""
+    """The `attn_func` of an attention layer on paddlenlp's flash-attention branch (prepare_for_shared_prompts):
+    where queries follow cached keys, scaled_dot_product_attention given only the mask, on any device;
+    paddlenlp's own (`original`) for one query or none cached."""
 
     def __init__(self, original):
         self.original = original
 
     def __call__(self, query, config, key, value, attention_mask, output_attentions, *args, **kwargs):
         batch, queries, heads, head_dim = query.shape
-        if queries in (1, key.shape[1]) or not config.use_flash_attention:  # one query: paddlenlp asks no triangle
+        if queries in (1, key.shape[1]):  # one query: paddlenlp asks no triangle
             return self.original(query, config, key, value, attention_mask, output_attentions, *args, **kwargs)
         alibi = args[0] if args else kwargs.get("alibi")  # Llama's, by position under core_attn recompute
         extras = {"alibi": alibi is not None, "output_attentions": bool(output_attentions),

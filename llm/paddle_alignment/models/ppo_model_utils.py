@@ -245,6 +245,8 @@ def response_token_stats(model, exp, temperature=1.0, chunk_tokens=DEFAULT_CHUNK
     once (shared_prompt_hidden). Otherwise from the whole response logits."""
     labels = response_labels(exp)
     head = chunkable_lm_head(model)
+    # Not under tensor parallel: there Paddle 3.3's backward through the shared keys and values stops ("empty
+    # GradSlotMeta" with the head whole; with it split, a reduce_scatter that has no CPU kernel), measured 2026-11-27.
     if share_prompts and (head is None or is_dist_tensor(head.weight)):
         warn_prompts_unshared()
         share_prompts = False

@@ -59,10 +59,11 @@ def load_on_this_rank(folder, degree, way):
     print(f"RANK_LOAD {dist.get_rank()} {peak - before:.3f} {held:.3f} {seconds:.2f}", flush=True)
 
 
-def launch(folder, degree, way, work_dir):
-    """[(added_gb, parameter_gb, seconds)] of each rank of one load at `degree`."""
-    log_dir = tempfile.mkdtemp(prefix=f"tp{degree}-{way}-", dir=work_dir)
-    command = [sys.executable, os.path.abspath(__file__), "--load", folder, "--degree", str(degree), "--way", way]
+def launch_ranks(script, argv, degree, work_dir, marker, what):
+    """`script argv` over `degree` processes (`paddle.distributed.launch`; one: run directly): the values after the
+    rank on each rank's line that starts with `marker`, as floats; `what` names the run in the error if it fails."""
+    log_dir = tempfile.mkdtemp(prefix=f"tp{degree}-", dir=work_dir)
+    command = [sys.executable, os.path.abspath(script), *argv]
     if degree > 1:
         command[1:1] = ["-m", "paddle.distributed.launch", "--nproc_per_node", str(degree), "--log_dir", log_dir]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(REPO_ROOT, "llm"))
@@ -70,10 +71,16 @@ def launch(folder, degree, way, work_dir):
     # Under launch each rank writes its worker log (and the launcher echoes rank 0's): read the logs.
     logs = [open(path, errors="replace").read() for path in glob.glob(os.path.join(log_dir, "workerlog.*"))]
     outputs = logs if degree > 1 else [result.stdout]
-    lines = [line.split()[2:] for text in outputs for line in text.splitlines() if line.startswith("RANK_LOAD")]
+    lines = [line.split()[2:] for text in outputs for line in text.splitlines() if line.startswith(marker)]
     if result.returncode != 0 or len(lines) != degree:
-        raise RuntimeError(f"the load at degree {degree} ({way}) failed:\n" + "\n".join(text[-3000:] for text in [result.stderr, *outputs]))
+        raise RuntimeError(f"{what} failed:\n" + "\n".join(text[-3000:] for text in [result.stderr, *outputs]))
     return [tuple(float(value) for value in line) for line in lines]
+
+
+def launch(folder, degree, way, work_dir):
+    """[(added_gb, parameter_gb, seconds)] of each rank of one load at `degree`."""
+    argv = ["--load", folder, "--degree", str(degree), "--way", way]
+    return launch_ranks(__file__, argv, degree, work_dir, "RANK_LOAD", f"the load at degree {degree} ({way})")
 
 
 def main():

@@ -59,6 +59,12 @@ def test_bench_tp_loading_prints_its_figures(tiny_world, tmp_path):
     assert last.startswith("split_peak_gb=") and len(last.split("=")[1].split(",")) == 2
 
 
+def test_bench_tp_logprobs_prints_its_figure(tmp_path):
+    last = run_script("benchmarks/bench_tp_logprobs.py", "--tokens", "64", "--vocab", "512", "--chunk_tokens", "16",
+                      "--work_dir", str(tmp_path))
+    assert last.startswith("chunked_over_whole_peak=") and float(last.split("=")[1]) > 0
+
+
 def test_bench_rewards_prints_its_figures():
     last = run_script("benchmarks/bench_rewards.py")
     figures = dict(pair.split("=") for pair in last.split())

@@ -14,13 +14,10 @@ in a slow generic loop (about 5 us an element, 2026-11-27): keep tokens x vocab 
 import argparse
 import os
 import resource
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
-
-from bench_tp_loading import current_rss_gb, launch_ranks  # noqa: E402
+from bench_tp_loading import current_rss_gb, launch_ranks  # puts the repository and llm/ on sys.path
 
 TEMPERATURE = 0.7
 

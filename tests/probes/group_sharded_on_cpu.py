@@ -77,7 +77,6 @@ paddle.Tensor.cpu = lambda tensor: host_of(tensor).clone() if tensor.place.is_cp
 storage.cvt_to_device = lambda tensor, device_id, blocking=True: tensor._copy_to(paddle.CPUPlace(), blocking)
 for module in (stage3, optimizer_stage2):
     module.core = Replaced(module.core, is_compiled_with_cuda=compiled_with_cuda)
-for module in (stage3, optimizer_stage2):
     module.paddle = Replaced(paddle, get_device=lambda: "cpu:0")
 paddle.Tensor.cuda = lambda tensor, *args, **kwargs: tensor
 sharding.group_sharded_parallel = group_sharded_parallel

@@ -1,18 +1,25 @@
-"""The CUDA rollout kernels checked on a GPU without Paddle: rollout_kernels.cu compiled by nvcc alone into a
-shared library, each launcher run on CuPy arrays of random inputs against the NumPy references
-(csrc/rollout_reference.py: the semantics of csrc/README.md and the same counter-based draws as the CPU
-ops), then the sampling kernel timed against the GPU's memory bandwidth.
+"""The CUDA rollout kernels checked without Paddle: rollout_kernels.cu compiled alone into a shared library,
+each launcher run on random inputs against the NumPy references (csrc/rollout_reference.py: the semantics of
+csrc/README.md and the same counter-based draws as the CPU ops).
 
-    python csrc/gpu/check_kernels.py [--rows 16] [--vocab 151936] [--repeats 50]
+    python csrc/gpu/check_kernels.py [--rows 16] [--vocab 151936] [--repeats 50]        # on a GPU
+    python csrc/gpu/check_kernels.py --emulate [--sanitize thread|address] [--vocab N]   # on the CPU
 
-Needs nvcc, CuPy and a CUDA device (the lent GPU machine has them, and no Paddle). Prints one line per
-check and `kernels_checked=<n>` last; exits non-zero at the first mismatch. tests/csrc/test_rollout_ops.py
-runs it where nvcc, CuPy and a device are present, and skips it elsewhere.
-"""
+On a GPU (nvcc, CuPy and a CUDA device: the lent GPU machine has them, and no Paddle) nvcc builds it, the
+launchers run on CuPy arrays, and the sampling kernel is timed against the device's memory bandwidth. With
+--emulate g++ builds the same file against emulation/cuda_runtime.h, which runs every CUDA thread of a block
+as an OS thread and __syncthreads() as a barrier of them, and the launchers run on NumPy arrays: the kernels'
+arithmetic, indexing and barriers as written, without a GPU's timing, warps or floating-point library.
+--sanitize thread runs it under ThreadSanitizer, which reports two threads of a block touching the same
+memory with no barrier between them; --sanitize address under AddressSanitizer, which reports a read or
+write outside the arrays. Prints one line per check and `kernels_checked=<n>` last; exits non-zero at the
+first mismatch (66 at a sanitizer's report). tests/csrc/test_rollout_ops.py runs it emulated everywhere,
+and on a GPU where there is one."""
 
 import argparse
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,6 +50,39 @@ def build_library(folder, arch):
     return library
 
 
+# The sanitizers of --emulate --sanitize: the runtime g++ links, and its options (stop at the first report).
+SANITIZERS = {"thread": ("libtsan.so", "TSAN_OPTIONS", "halt_on_error=1 exitcode=66"),
+              "address": ("libasan.so", "ASAN_OPTIONS", "detect_leaks=0 halt_on_error=1 exitcode=66")}
+
+
+def build_emulated_library(folder, sanitize=None):
+    """rollout_kernels.cu as a shared library of the CPU, by g++ against emulation/cuda_runtime.h; under the
+    sanitizer `sanitize` ("thread" or "address") if given."""
+    library = os.path.join(folder, "librollout_kernels_emulated.so")
+    command = ["g++", "-x", "c++", "-std=c++20", "-shared", "-fPIC", "-pthread",
+               "-I", os.path.join(GPU_DIR, "emulation"), os.path.join(GPU_DIR, "rollout_kernels.cu"), "-o", library]
+    command += ["-O1", "-g", f"-fsanitize={sanitize}"] if sanitize else ["-O2"]
+    subprocess.run(command, check=True)
+    return library
+
+
+def sanitizer_runtime(sanitize):
+    """The path of g++'s runtime library of `sanitize`, or None where g++ has none."""
+    runtime = SANITIZERS[sanitize][0]
+    path = subprocess.run(["g++", f"-print-file-name={runtime}"], capture_output=True, text=True, check=True).stdout.strip()
+    return path if os.path.isabs(path) else None
+
+
+def sanitizer_environment(sanitize):
+    """This process's environment with g++'s runtime of `sanitize` preloaded: a library built with -fsanitize
+    cannot load the runtime itself once the interpreter runs."""
+    runtime, variable, options = SANITIZERS[sanitize]
+    path = sanitizer_runtime(sanitize)
+    if path is None:
+        sys.exit(f"g++ has no {runtime}: install its package (Debian: {runtime[:-3]}*)")
+    return dict(os.environ, LD_PRELOAD=path, **{variable: options})
+
+
 def launchers(library):
     """The launchers (C++ names in namespace rollout, found mangled in the library's symbols)."""
     symbols = subprocess.run(["nm", "-D", "--defined-only", library], capture_output=True, text=True, check=True).stdout
@@ -59,25 +99,52 @@ def launchers(library):
 
 
 class Kernels:
+    """The launchers on a CUDA device: arrays of CuPy (`xp`), passed as device pointers with the current stream."""
+
     def __init__(self, cp, functions):
-        self.cp, self.functions = cp, functions
+        self.xp, self.functions = cp, functions
+
+    def pointer(self, array):
+        return int(array.data.ptr)
+
+    def host(self, array):
+        return self.xp.asnumpy(array)
 
     def call(self, name, *args):
-        """Run launcher `name`; CuPy arrays pass as device pointers, then the stream; waits for it."""
-        values = [int(a.data.ptr) if isinstance(a, self.cp.ndarray) else a for a in args]
-        stream = self.cp.cuda.get_current_stream()
-        self.functions[name](*values, stream.ptr)
+        """Run launcher `name` on `args` (arrays of `xp` pass as pointers) and wait for it."""
+        self.run(self.functions[name], [self.pointer(a) if isinstance(a, self.xp.ndarray) else a for a in args])
+
+    def run(self, launcher, values):
+        stream = self.xp.cuda.get_current_stream()
+        launcher(*values, stream.ptr)
         stream.synchronize()
 
     def sample(self, logits, temperature, top_k, top_p, step_idx, row_ids, seed):
-        cp = self.cp
+        xp = self.xp
         rows, vocab = logits.shape
-        device = [cp.asarray(logits, dtype=cp.float32), cp.empty((rows, vocab), cp.float32),
-                  cp.asarray(temperature, cp.float32), cp.asarray(top_k, cp.int64), cp.asarray(top_p, cp.float32),
-                  cp.asarray(step_idx, cp.int64), cp.asarray(row_ids, cp.int64)]
-        tokens = cp.empty(rows, cp.int64)
+        device = [xp.asarray(logits, dtype=xp.float32), xp.empty((rows, vocab), xp.float32),
+                  xp.asarray(temperature, xp.float32), xp.asarray(top_k, xp.int64), xp.asarray(top_p, xp.float32),
+                  xp.asarray(step_idx, xp.int64), xp.asarray(row_ids, xp.int64)]
+        tokens = xp.empty(rows, xp.int64)
         self.call("LaunchSample", *device, seed, tokens, rows, vocab)
-        return cp.asnumpy(tokens), device
+        return self.host(tokens), device
+
+
+class EmulatedKernels(Kernels):
+    """The launchers of the CPU emulation: arrays of NumPy, passed as host pointers; a launch returns when its
+    blocks have run, and the stream is ignored."""
+
+    def __init__(self, functions):
+        self.xp, self.functions = np, functions
+
+    def pointer(self, array):
+        return array.ctypes.data
+
+    def host(self, array):
+        return np.array(array)
+
+    def run(self, launcher, values):
+        launcher(*values, None)
 
 
 def check(label, got, expected):
@@ -88,7 +155,7 @@ def check(label, got, expected):
 
 
 def check_penalty(kernels, rng):
-    cp = kernels.cp
+    xp = kernels.xp
     rows, vocab, history_len = 8, 1000, 12
     logits = rng.normal(scale=2.0, size=(rows, vocab)).astype(np.float32)
     history = rng.integers(0, 30, size=(rows, history_len))  # repeats
@@ -96,12 +163,12 @@ def check_penalty(kernels, rng):
     repetition, frequency, presence = np.full(rows, 1.3, np.float32), np.full(rows, 0.1, np.float32), np.full(rows, 0.2, np.float32)
     min_len, eos, banned = np.full(rows, 6), np.array([3, 7]), np.array([11])
     expected = reference_penalty(logits, history, step_idx, repetition, frequency, presence, min_len, eos, banned)
-    device = cp.asarray(logits)
-    kernels.call("LaunchTokenPenalty", device, cp.empty((rows, vocab), cp.int32), cp.asarray(history, cp.int64),
-                 cp.asarray(step_idx, cp.int64), cp.asarray(repetition), cp.asarray(frequency), cp.asarray(presence),
-                 cp.asarray(min_len, cp.int64), cp.asarray(eos, cp.int64), len(eos), cp.asarray(banned, cp.int64),
+    device = xp.asarray(logits)
+    kernels.call("LaunchTokenPenalty", device, xp.empty((rows, vocab), xp.int32), xp.asarray(history, xp.int64),
+                 xp.asarray(step_idx, xp.int64), xp.asarray(repetition), xp.asarray(frequency), xp.asarray(presence),
+                 xp.asarray(min_len, xp.int64), xp.asarray(eos, xp.int64), len(eos), xp.asarray(banned, xp.int64),
                  len(banned), rows, vocab, history_len)
-    got = cp.asnumpy(device)
+    got = kernels.host(device)
     if not np.allclose(got, expected, rtol=1e-6, atol=1e-6, equal_nan=True):
         sys.exit("MISMATCH token penalty")
     print("ok token penalty (repetition, frequency, presence, min length, banned ids)")
@@ -122,23 +189,23 @@ def check_sampling(kernels, rng, vocab):
 
 
 def check_bookkeeping(kernels):
-    cp = kernels.cp
-    history, step_idx = cp.full((3, 4), -1, cp.int64), cp.asarray([0, 2, 4], cp.int64)
-    kernels.call("LaunchSaveStep", history, step_idx, cp.asarray([5, 6, 7], cp.int64), cp.asarray([False, True, False]), 3, 4)
-    check("save_step", cp.asnumpy(history), [[5, -1, -1, -1], [-1, -1, -1, -1], [-1, -1, -1, -1]])
-    check("save_step counts", cp.asnumpy(step_idx), [1, 2, 4])
-    tokens, flags = cp.asarray([3, 9, 4, 5, 6], cp.int64), cp.asarray([False, False, True, False, False])
-    running = cp.zeros(1, cp.bool_)
-    kernels.call("LaunchUpdateStop", tokens, flags, cp.asarray([1, 1, 1, 8, 2], cp.int64), cp.asarray([9, 5], cp.int64),
+    xp = kernels.xp
+    history, step_idx = xp.full((3, 4), -1, xp.int64), xp.asarray([0, 2, 4], xp.int64)
+    kernels.call("LaunchSaveStep", history, step_idx, xp.asarray([5, 6, 7], xp.int64), xp.asarray([False, True, False]), 3, 4)
+    check("save_step", kernels.host(history), [[5, -1, -1, -1], [-1, -1, -1, -1], [-1, -1, -1, -1]])
+    check("save_step counts", kernels.host(step_idx), [1, 2, 4])
+    tokens, flags = xp.asarray([3, 9, 4, 5, 6], xp.int64), xp.asarray([False, False, True, False, False])
+    running = xp.zeros(1, xp.bool_)
+    kernels.call("LaunchUpdateStop", tokens, flags, xp.asarray([1, 1, 1, 8, 2], xp.int64), xp.asarray([9, 5], xp.int64),
                  2, 8, 0, running, 5)
-    check("update_stop tokens", cp.asnumpy(tokens), [3, 9, 0, 5, 6])
-    check("update_stop flags", cp.asnumpy(flags), [False, True, True, True, False])
-    check("update_stop any running", cp.asnumpy(running), [True])
+    check("update_stop tokens", kernels.host(tokens), [3, 9, 0, 5, 6])
+    check("update_stop flags", kernels.host(flags), [False, True, True, True, False])
+    check("update_stop any running", kernels.host(running), [True])
 
 
 def time_sampling(kernels, rng, rows, vocab, repeats):
     """Milliseconds per sampling call against one read of the logits at the bandwidth a device copy reaches."""
-    cp = kernels.cp
+    cp = kernels.xp
     block = cp.ones(2**28, cp.float32)
     copy = cp.empty_like(block)
     start, end = cp.cuda.Event(), cp.cuda.Event()
@@ -155,7 +222,7 @@ def time_sampling(kernels, rng, rows, vocab, repeats):
         tokens = cp.empty(rows, cp.int64)
         start.record()
         for _ in range(repeats):
-            kernels.functions["LaunchSample"](*[int(a.data.ptr) for a in device], 1, int(tokens.data.ptr), rows, vocab,
+            kernels.functions["LaunchSample"](*[kernels.pointer(a) for a in device], 1, int(tokens.data.ptr), rows, vocab,
                                               cp.cuda.get_current_stream().ptr)
         end.record()
         end.synchronize()
@@ -170,19 +237,35 @@ def main():
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--emulate", action="store_true", help="run the kernels on the CPU (g++), not on a GPU")
+    parser.add_argument("--sanitize", choices=sorted(SANITIZERS),
+                        help="with --emulate: under ThreadSanitizer (races between a block's threads; sampling at "
+                             "--vocab only, since it slows every barrier of a block's 256 threads: use a small "
+                             "--vocab) or AddressSanitizer (reads and writes outside the arrays)")
     args = parser.parse_args()
-    import cupy as cp
-
+    if args.sanitize and not args.emulate:
+        parser.error("--sanitize needs --emulate")
+    if args.emulate and shutil.which("g++") is None:
+        sys.exit("--emulate needs g++")
+    if args.sanitize and SANITIZERS[args.sanitize][0][:-3] not in os.environ.get("LD_PRELOAD", ""):
+        os.execve(sys.executable, [sys.executable, *sys.argv], sanitizer_environment(args.sanitize))
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as folder:
-        arch = f"sm_{cp.cuda.Device().compute_capability}"
-        kernels = Kernels(cp, launchers(build_library(folder, arch)))
-        print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
+        if args.emulate:
+            kernels = EmulatedKernels(launchers(build_emulated_library(folder, args.sanitize)))
+            print("device: the CPU, emulating CUDA" + (f" under the {args.sanitize} sanitizer" if args.sanitize else ""))
+        else:
+            import cupy as cp
+
+            arch = f"sm_{cp.cuda.Device().compute_capability}"
+            kernels = Kernels(cp, launchers(build_library(folder, arch)))
+            print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
         check_penalty(kernels, rng)
-        check_sampling(kernels, rng, 50)
-        check_sampling(kernels, rng, args.vocab)
+        for vocab in [args.vocab] if args.sanitize == "thread" else [50, args.vocab]:
+            check_sampling(kernels, rng, vocab)
         check_bookkeeping(kernels)
-        time_sampling(kernels, rng, args.rows, args.vocab, args.repeats)
+        if not args.emulate:
+            time_sampling(kernels, rng, args.rows, args.vocab, args.repeats)
     print(f"kernels_checked={len(LAUNCHERS)}")
 
 

@@ -5,6 +5,12 @@
 #include "rollout_kernels.cuh"
 #include "rollout_launchers.h"
 
+// kernel<<<blocks, threads, 0, stream>>>, spelled so that the CPU emulation (emulation/cuda_runtime.h, which
+// defines its own) runs the same launches.
+#ifndef ROLLOUT_LAUNCH
+#define ROLLOUT_LAUNCH(kernel, blocks, threads, stream) kernel<<<blocks, threads, 0, stream>>>
+#endif
+
 namespace rollout {
 
 namespace {
@@ -17,9 +23,9 @@ void LaunchTokenPenalty(float* logits, int32_t* counts, const int64_t* history, 
                         const int64_t* min_len, const int64_t* eos_ids, int64_t num_eos, const int64_t* banned_ids,
                         int64_t num_banned, int64_t rows, int64_t vocab, int64_t history_len, void* stream) {
   if (rows == 0) return;
-  TokenPenaltyKernel<<<rows, kThreads, 0, AsStream(stream)>>>(logits, counts, history, step_idx, repetition,
-                                                               frequency, presence, min_len, eos_ids, num_eos,
-                                                               banned_ids, num_banned, vocab, history_len);
+  ROLLOUT_LAUNCH(TokenPenaltyKernel, rows, kThreads, AsStream(stream))(
+      logits, counts, history, step_idx, repetition, frequency, presence, min_len, eos_ids, num_eos, banned_ids,
+      num_banned, vocab, history_len);
 }
 
 void LaunchSample(const float* logits, float* probs, const float* temperature, const int64_t* top_k,
@@ -27,22 +33,22 @@ void LaunchSample(const float* logits, float* probs, const float* temperature, c
                   int64_t rows,
                   int64_t vocab, void* stream) {
   if (rows == 0) return;
-  SampleKernel<<<rows, kThreads, 0, AsStream(stream)>>>(logits, probs, temperature, top_k, top_p, step_idx, row_ids,
-                                                         seed, tokens, vocab);
+  ROLLOUT_LAUNCH(SampleKernel, rows, kThreads, AsStream(stream))(logits, probs, temperature, top_k, top_p, step_idx,
+                                                                 row_ids, seed, tokens, vocab);
 }
 
 void LaunchSaveStep(int64_t* history, int64_t* step_idx, const int64_t* tokens, const bool* stop_flags,
                     int64_t rows, int64_t history_len, void* stream) {
   if (rows == 0) return;
-  SaveStepKernel<<<BlocksFor(rows), kThreads, 0, AsStream(stream)>>>(history, step_idx, tokens, stop_flags, rows,
-                                                                     history_len);
+  ROLLOUT_LAUNCH(SaveStepKernel, BlocksFor(rows), kThreads, AsStream(stream))(history, step_idx, tokens, stop_flags,
+                                                                              rows, history_len);
 }
 
 void LaunchUpdateStop(int64_t* tokens, bool* stop_flags, const int64_t* step_idx, const int64_t* eos_ids,
                       int64_t num_eos, int64_t max_dec_len, int64_t pad_id, bool* any_running, int64_t rows,
                       void* stream) {
-  UpdateStopKernel<<<1, 1024, 0, AsStream(stream)>>>(tokens, stop_flags, step_idx, eos_ids, num_eos, max_dec_len,
-                                                     pad_id, any_running, rows);
+  ROLLOUT_LAUNCH(UpdateStopKernel, 1, 1024, AsStream(stream))(tokens, stop_flags, step_idx, eos_ids, num_eos,
+                                                              max_dec_len, pad_id, any_running, rows);
 }
 
 }  // namespace rollout

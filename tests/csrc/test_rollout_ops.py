@@ -1,5 +1,6 @@
-"""The paddlenlp_ops rollout ops (csrc/) against NumPy references, edge cases included, and every
-CUDA source compiled with nvcc."""
+"""The paddlenlp_ops rollout ops (csrc/) against NumPy references, edge cases included; every CUDA source
+compiled with nvcc; and the CUDA kernels run against the same references, emulated on the CPU (with
+ThreadSanitizer watching their barriers) and on a GPU where there is one."""
 
 import glob
 import os
@@ -192,15 +193,83 @@ def test_cuda_sources_compile_with_nvcc(source, tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+def check_kernels_module():
+    """csrc/gpu/check_kernels.py, imported."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, "csrc", "gpu"))
+    import check_kernels as module
+
+    return module
+
+
 def test_the_cuda_kernels_build_into_a_library_with_every_launcher(tmp_path):
     """csrc/gpu/check_kernels.py's build and symbol lookup, which need nvcc but no GPU."""
     if shutil.which("nvcc") is None:
         required("nvcc", "nvcc is not installed")
-    sys.path.insert(0, os.path.join(REPO_ROOT, "csrc", "gpu"))
-    import check_kernels
-
+    check_kernels = check_kernels_module()
     functions = check_kernels.launchers(check_kernels.build_library(str(tmp_path), "sm_90"))
     assert sorted(functions) == sorted(check_kernels.LAUNCHERS)
+
+
+CHECK_KERNELS = os.path.join(REPO_ROOT, "csrc", "gpu", "check_kernels.py")
+
+
+def run_check_kernels(*options, script=CHECK_KERNELS):
+    """check_kernels.py --emulate with `options`, of this checkout or of a copy at `script`."""
+    return subprocess.run([sys.executable, script, "--emulate", *options], capture_output=True, text=True, timeout=900)
+
+
+def sanitizer(name):
+    """Skip (fail in CI) where g++ or its runtime of sanitizer `name` is missing."""
+    if shutil.which("g++") is None:
+        required("g++", "g++ is not installed")
+    if check_kernels_module().sanitizer_runtime(name) is None:
+        required(name, f"g++ has no runtime of the {name} sanitizer")
+
+
+def test_the_cuda_kernels_match_numpy_emulated_on_the_cpu_and_stay_inside_their_arrays():
+    """rollout_kernels.cu built by g++ against csrc/gpu/emulation/cuda_runtime.h (a block's CUDA threads as OS
+    threads, __syncthreads() a barrier of them) under AddressSanitizer: every launcher against the NumPy
+    references, sampling at Qwen2.5's vocabulary too, with no read or write outside the arrays."""
+    sanitizer("address")
+    result = run_check_kernels("--sanitize", "address")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "ok sampling at vocabulary 151936, temperature 1.3, top_k 20000, top_p 0.8" in result.stdout
+    assert result.stdout.strip().splitlines()[-1] == "kernels_checked=4"
+
+
+@pytest.mark.slow
+def test_the_cuda_kernels_run_without_a_race_under_thread_sanitizer():
+    sanitizer("thread")
+    result = run_check_kernels("--sanitize", "thread", "--vocab", "600")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "kernels_checked=4"
+
+
+# A defect of each kind put into the sampling kernel, and what its sanitizer must report.
+BROKEN_KERNELS = {
+    "thread": ("  shared_mass[threadIdx.x] = chunk_mass;\n  __syncthreads();\n",  # no barrier before thread 0 reads
+               "  shared_mass[threadIdx.x] = chunk_mass;\n", "ThreadSanitizer: data race"),
+    "address": ("  int64_t local_index = vocab;\n  for (int64_t v = threadIdx.x; v < vocab;",  # one past the row
+                "  int64_t local_index = vocab;\n  for (int64_t v = threadIdx.x; v <= vocab;",
+                "AddressSanitizer: heap-buffer-overflow"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_KERNELS))
+def test_the_sanitizers_name_the_line_of_a_broken_sampling_kernel(name, tmp_path):
+    """The checks can fail: in a copy of csrc/ whose sampling kernel lacks a barrier it needs, or reads one
+    entry past a row's logits, the emulated run stops at the sanitizer's report, which names the line."""
+    sanitizer(name)
+    shutil.copytree(os.path.join(REPO_ROOT, "csrc", "gpu"), tmp_path / "gpu")
+    shutil.copytree(os.path.join(REPO_ROOT, "csrc", "common"), tmp_path / "common")
+    shutil.copy(os.path.join(REPO_ROOT, "csrc", "rollout_reference.py"), tmp_path)
+    kernels = tmp_path / "gpu" / "rollout_kernels.cuh"
+    sound, broken, report = BROKEN_KERNELS[name]
+    assert kernels.read_text().count(sound) == 1
+    kernels.write_text(kernels.read_text().replace(sound, broken))
+    result = run_check_kernels("--sanitize", name, "--vocab", "600", script=str(tmp_path / "gpu" / "check_kernels.py"))
+    assert result.returncode == 66, result.stdout[-3000:] + result.stderr[-3000:]
+    assert report in result.stderr and "rollout_kernels.cuh" in result.stderr and "SampleKernel" in result.stderr
 
 
 def test_the_cuda_kernels_match_numpy_on_a_gpu():
@@ -208,7 +277,6 @@ def test_the_cuda_kernels_match_numpy_on_a_gpu():
     cupy = pytest.importorskip("cupy")
     if cupy.cuda.runtime.getDeviceCount() == 0:
         pytest.skip("no CUDA device")
-    script = os.path.join(REPO_ROOT, "csrc", "gpu", "check_kernels.py")
-    result = subprocess.run([sys.executable, script, "--repeats", "5"], capture_output=True, text=True, timeout=1200)
+    result = subprocess.run([sys.executable, CHECK_KERNELS, "--repeats", "5"], capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "kernels_checked=4"

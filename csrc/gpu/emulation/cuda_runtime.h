@@ -1,0 +1,111 @@
+// The CUDA the rollout kernels use, emulated on the CPU, so that ../rollout_kernels.cu runs where no GPU is:
+// check_kernels.py --emulate compiles that file with g++ and this folder first on the include path, so
+// this header stands in for CUDA's. Every CUDA thread of a block is an OS thread of its own, and
+// __syncthreads() a std::barrier of the block's threads: a kernel runs as it is written, barriers included,
+// and ThreadSanitizer (--sanitize) sees what a missing barrier would let two threads race on. Blocks run one
+// after the other, so `__shared__` arrays are plain statics. Only what the kernels use is here; y and z of
+// the indices are never set (the kernels use x alone).
+//
+// Why not a library: hipCPU and cuda4cpu do this job, but neither is on PyPI or in Debian, the only
+// package sources this project's machines reach.
+#pragma once
+
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__ inline
+#define __host__
+#define __forceinline__
+#define __shared__ static
+
+using cudaStream_t = void*;
+
+namespace cuda_emulation {
+
+struct Dim3 {
+  unsigned int x = 0, y = 0, z = 0;
+};
+
+// What a thread of a running block shares with the others: its barrier, and __syncthreads_or's vote.
+struct Block {
+  explicit Block(int threads) : barrier(threads) {}
+  std::barrier<> barrier;
+  std::atomic<int> vote{0};
+};
+
+inline thread_local Block* current_block = nullptr;
+
+}  // namespace cuda_emulation
+
+inline thread_local cuda_emulation::Dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+inline void __syncthreads() { cuda_emulation::current_block->barrier.arrive_and_wait(); }
+
+// Non-zero when `predicate` is non-zero on any thread of the block; a barrier too. The vote is cleared
+// behind a third barrier, after every thread has read it and before any can vote again.
+inline int __syncthreads_or(int predicate) {
+  cuda_emulation::Block& block = *cuda_emulation::current_block;
+  if (predicate) block.vote.store(1);
+  block.barrier.arrive_and_wait();
+  const int any = block.vote.load();
+  block.barrier.arrive_and_wait();
+  if (threadIdx.x == 0) block.vote.store(0);
+  block.barrier.arrive_and_wait();
+  return any;
+}
+
+inline int atomicAdd(int32_t* address, int32_t value) {
+  return std::atomic_ref<int32_t>(*address).fetch_add(value);
+}
+
+inline float __int_as_float(int bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+inline unsigned int __float_as_uint(float value) {
+  unsigned int bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+namespace cuda_emulation {
+
+// kernel<<<blocks, threads>>>(args...) on the CPU: `threads` OS threads run the blocks one after the other,
+// all of them one block before any the next. A thread that leaves the kernel drops out of its block's
+// barrier, as a GPU's exited threads stop counting at __syncthreads().
+template <typename... Params>
+auto Launch(void (*kernel)(Params...), int64_t blocks, int threads) {
+  return [=](auto... args) {
+    std::vector<std::unique_ptr<Block>> grid;
+    for (int64_t b = 0; b < blocks; ++b) grid.push_back(std::make_unique<Block>(threads));
+    std::barrier<> block_done(threads);
+    std::vector<std::thread> workers;
+    workers.reserve(threads);
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        threadIdx.x = t, blockDim.x = threads, gridDim.x = static_cast<unsigned int>(blocks);
+        for (int64_t b = 0; b < blocks; ++b) {
+          current_block = grid[b].get();
+          blockIdx.x = static_cast<unsigned int>(b);
+          kernel(args...);
+          current_block->barrier.arrive_and_drop();
+          block_done.arrive_and_wait();
+        }
+      });
+    }
+    for (std::thread& worker : workers) worker.join();
+  };
+}
+
+}  // namespace cuda_emulation
+
+#define ROLLOUT_LAUNCH(kernel, blocks, threads, stream) cuda_emulation::Launch(kernel, blocks, threads)

@@ -22,6 +22,8 @@
 namespace {
 
 constexpr float kMaskedLogit = -std::numeric_limits<float>::infinity();
+// The token of a row with nothing to sample from: a NaN or +inf among its logits, or all of them -inf.
+constexpr int64_t kNoToken = -1;
 
 void CheckRowVector(const paddle::Tensor& t, int64_t rows, const char* name) {
   PD_CHECK(t.shape().size() == 1 && t.shape()[0] == rows, name, " must have shape [", rows, "]");
@@ -125,8 +127,18 @@ double BlockMasses(const float* probs, int64_t vocab, float threshold, std::vect
   return total;
 }
 
-// (A cloned function of its own, so that RowMax is compiled for AVX2 where the CPU has it.)
-FUSED_CPU_CLONES float MaxLogit(const float* logits, int64_t vocab) { return fused::RowMax(logits, vocab); }
+// The row's largest logit, NaN set aside, and whether any logit is NaN: one vectorised pass.
+FUSED_CPU_CLONES float MaxLogit(const float* logits, int64_t vocab, bool* has_nan) {
+  float top = -std::numeric_limits<float>::infinity();
+  int nan = 0;
+#pragma omp simd reduction(max : top) reduction(| : nan)
+  for (int64_t v = 0; v < vocab; ++v) {
+    top = logits[v] > top ? logits[v] : top;
+    nan |= logits[v] != logits[v];
+  }
+  *has_nan = nan != 0;
+  return top;
+}
 
 // The k-th largest of `probs` (0 < k <= vocab), in linear time: a selection, not a sort.
 float KthLargest(const std::vector<float>& probs, int64_t k, std::vector<float>* scratch) {
@@ -186,9 +198,10 @@ float KeepThreshold(const std::vector<float>& probs, int64_t top_k, float top_p,
 int64_t SampleRowCPU(const float* logits, int64_t vocab, float temperature, int64_t top_k, float top_p,
                      double uniform, std::vector<float>* probs, std::vector<float>* scratch,
                      std::vector<double>* blocks) {
-  const float largest = MaxLogit(logits, vocab);
+  bool has_nan;
+  const float largest = MaxLogit(logits, vocab, &has_nan);
+  if (has_nan || !std::isfinite(largest)) return kNoToken;
   const int64_t best = std::find(logits, logits + vocab, largest) - logits;  // the first of equal maxima
-  if (best == vocab) return 0;  // every logit NaN: nothing to sample from (the first token, as ever)
   if (temperature <= 0.0f || top_k == 1) return best;
   probs->resize(vocab);
   ScaledExp(logits, vocab, 1.0f / temperature, largest / temperature, probs->data());

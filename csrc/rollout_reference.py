@@ -5,6 +5,7 @@ kernels' check (csrc/gpu/check_kernels.py) both compare against these."""
 import numpy as np
 
 MASK64 = (1 << 64) - 1
+NO_TOKEN = -1  # rollout_sample's token for a row with nothing to sample from
 
 
 def mix64(x):
@@ -52,6 +53,9 @@ def reference_sample(logits, temperature, top_k, top_p, step_idx, seed, row_ids=
     row_ids = range(len(logits)) if row_ids is None else row_ids
     tokens = []
     for b, row in enumerate(logits):
+        if np.isnan(row).any() or not np.isfinite(row.max()):  # a NaN or +inf logit, or all -inf
+            tokens.append(NO_TOKEN)
+            continue
         if temperature[b] <= 0 or top_k[b] == 1:
             tokens.append(int(np.argmax(row)))
             continue

@@ -175,10 +175,12 @@ def check_penalty(kernels, rng):
 
 
 def check_sampling(kernels, rng, vocab):
-    rows = 8
+    rows = 11
     peaked, flat = rng.normal(scale=4.0, size=(3, vocab)), rng.normal(scale=0.02, size=(3, vocab))
     ties = rng.integers(0, 3, size=(2, vocab)) * 0.5
-    logits = np.concatenate([peaked, flat, ties]).astype(np.float32)
+    unsamplable = rng.normal(size=(3, vocab))  # a NaN, a +inf, every logit -inf: each gets NO_TOKEN
+    unsamplable[0, vocab // 2], unsamplable[1, vocab // 3], unsamplable[2] = np.nan, np.inf, -np.inf
+    logits = np.concatenate([peaked, flat, ties, unsamplable]).astype(np.float32)
     step_idx = rng.integers(0, 100, size=rows)
     row_ids = rng.permutation(100)[:rows]  # rows dropped from a batch keep their ids
     for temperature, top_k, top_p in [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.0, 50, 0.95), (1.3, 20000, 0.8), (0.0, 0, 1.0)]:

@@ -9,6 +9,7 @@
 namespace rollout {
 
 constexpr int kThreads = 256;
+constexpr int64_t kNoToken = -1;  // the token of a row with nothing to sample from (as the CPU op)
 
 // ---- token penalties: one block per row ----
 
@@ -127,10 +128,13 @@ __global__ void SampleKernel(const float* logits, float* probs, const float* tem
   const float* row = logits + b * vocab;
   float* row_probs = probs + b * vocab;
 
-  float local_max = -__int_as_float(0x7f800000);
-  int64_t local_index = vocab;
+  const float infinity = __int_as_float(0x7f800000);
+  float local_max = -infinity;
+  int64_t local_index = vocab, local_nans = 0;
   for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
-    if (row[v] > local_max) {
+    if (row[v] != row[v]) {
+      ++local_nans;
+    } else if (row[v] > local_max) {
       local_max = row[v];
       local_index = v;
     }
@@ -138,6 +142,11 @@ __global__ void SampleKernel(const float* logits, float* probs, const float* tem
   float max_logit;
   int64_t best;
   BlockArgMax(local_max, local_index, shared_values, shared_indices, &max_logit, &best);
+  // Nothing to sample from (a NaN or +inf logit, or every logit -inf): the token is kNoToken.
+  if (BlockSum<int64_t>(local_nans, shared_indices) > 0 || max_logit == infinity || max_logit == -infinity) {
+    if (threadIdx.x == 0) tokens[b] = kNoToken;
+    return;
+  }
   const float t = temperature[b];
   if (t <= 0.0f || top_k[b] == 1) {
     if (threadIdx.x == 0) tokens[b] = best;

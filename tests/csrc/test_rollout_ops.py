@@ -105,6 +105,23 @@ def test_sampling_matches_numpy_at_the_real_vocabulary(ops, top_k, top_p):
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.8, 5, 0.9)])
+def test_a_row_with_nothing_to_sample_from_gets_token_minus_one(ops, temperature, top_k, top_p):
+    # A NaN or +inf logit (a diverged policy), or every logit -inf: -1 (before: greedy took the largest
+    # logit but a NaN, sampling the last token, and a row all NaN token 0), the other rows as alone.
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=(6, 40)).astype(np.float32)
+    logits[1, 7], logits[2, 30], logits[3] = np.nan, np.inf, -np.inf
+    logits[4] = np.nan
+    logits[5, :-1] = -np.inf  # one token left: it is drawn
+    step_idx, settings = np.arange(6), [np.full(6, v) for v in (temperature, top_k, top_p)]
+    got = run_sample(ops, logits, temperature, top_k, top_p, step_idx, seed=9)
+    np.testing.assert_array_equal(got, [got[0], -1, -1, -1, -1, 39])
+    np.testing.assert_array_equal(got, reference_sample(logits, *settings, step_idx, 9))
+    alone = run_sample(ops, logits[[0]], temperature, top_k, top_p, step_idx[[0]], seed=9)
+    assert got[0] == alone[0] >= 0
+
+
 def test_tiny_top_p_and_near_zero_temperature_are_greedy(ops):
     rng = np.random.default_rng(2)
     logits = rng.normal(size=(32, 40)).astype(np.float32)
@@ -249,8 +266,8 @@ def test_the_cuda_kernels_run_without_a_race_under_thread_sanitizer():
 BROKEN_KERNELS = {
     "thread": ("  shared_mass[threadIdx.x] = chunk_mass;\n  __syncthreads();\n",  # no barrier before thread 0 reads
                "  shared_mass[threadIdx.x] = chunk_mass;\n", "ThreadSanitizer: data race"),
-    "address": ("  int64_t local_index = vocab;\n  for (int64_t v = threadIdx.x; v < vocab;",  # one past the row
-                "  int64_t local_index = vocab;\n  for (int64_t v = threadIdx.x; v <= vocab;",
+    "address": ("v < vocab; v += blockDim.x) {\n    if (row[v] != row[v]) {",  # one past the row
+                "v <= vocab; v += blockDim.x) {\n    if (row[v] != row[v]) {",
                 "AddressSanitizer: heap-buffer-overflow"),
 }
 

@@ -171,6 +171,7 @@ def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: Sam
         ops.rollout_token_penalty(logits, running.history, running.step_idx, *running.penalties, eos_ids, no_banned)
         tokens = ops.rollout_sample(logits, running.temperature, running.top_k, running.top_p, running.step_idx,
                                     running.row_ids, seed)
+        refuse_unsampled(tokens, running, step)
         if record_logprobs:
             token_logprobs = token_logprobs_and_entropy(policy_logits, tokens.reshape([-1]), sampling.temperature)[0]
             logprobs[running.row_ids, step] = token_logprobs
@@ -191,6 +192,20 @@ def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: Sam
     if cached is not None:
         cached.keep(running, paddle.ones_like(running.stop_flags))
     return responses[:, :length], logprobs[:, :length] if record_logprobs else None, cached and cached.caches
+
+
+def refuse_unsampled(tokens, running, step):
+    """Raise where rollout_sample found nothing to sample from (its token -1: csrc/README.md), naming the rows:
+    decoding on would feed an invalid token id to the next step, or hide a policy that diverged."""
+    drawn = tokens.numpy().reshape(-1)  # (8 us at 64 rows on CPU; paddle's own `any` takes 48)
+    if drawn.min() >= 0:
+        return
+    rows = running.row_ids.numpy()[drawn < 0].tolist()
+    raise FloatingPointError(
+        f"decode step {step}: nothing to sample from for row(s) {rows} of the rollout batch: their logits hold NaN "
+        "or +inf, or are -inf everywhere. The policy's forward diverged or overflowed: lower the learning rate, "
+        "clip gradients (max_grad_norm), or, in float16/bfloat16, run in float32 to find where."
+    )
 
 
 class CachedRows:

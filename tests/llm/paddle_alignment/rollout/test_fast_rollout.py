@@ -148,6 +148,27 @@ def test_dropping_finished_rows_changes_no_token_and_no_logprob(ops, tiny_world,
     np.testing.assert_allclose(dropping[1].numpy() * mask, whole[1].numpy() * mask, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("greedy", [False, True])
+def test_a_row_whose_logits_turn_nan_stops_the_rollout_naming_it(ops, tokenizer, tmp_path, greedy):
+    # An untied tiny Llama whose embedding of a token only the second prompt holds is NaN: that prompt's rows
+    # (2 and 3 of 3 prompts x 2 samples) get NaN logits. Before, the decode loop sampled from them all the same.
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+    )
+    paddle.seed(0)
+    LlamaForCausalLM(config).save_pretrained(str(tmp_path))
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path))
+    prompts = ["1+2=", "7+8=", "3+4="]
+    poisoned = set(tokenizer(prompts[1])["input_ids"]) - set(tokenizer(prompts[0] + prompts[2])["input_ids"])
+    with paddle.no_grad():
+        model.get_input_embeddings().weight[min(poisoned)] = float("nan")
+    sampling = SamplingConfig(max_dec_len=4, greedy=greedy)
+    with pytest.raises(FloatingPointError, match=r"decode step 0: nothing to sample from for row\(s\) \[2, 3\]"):
+        generate_rollouts(model, tokenizer, prompt_items(tokenizer, prompts), 2, sampling, use_fast=True)
+
+
 def test_fast_rollouts_respect_min_and_max_length(ops, tiny_world, tokenizer):
     model = AutoModelForCausalLM.from_pretrained(tiny_world["random_model"])
     items = eval_items(tiny_world, tokenizer, 4)

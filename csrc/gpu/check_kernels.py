@@ -174,7 +174,12 @@ def check_penalty(kernels, rng):
     print("ok token penalty (repetition, frequency, presence, min length, banned ids)")
 
 
-def check_sampling(kernels, rng, vocab):
+# (temperature, top_k, top_p) of the sampling checks; the first reaches every barrier of the kernel (both
+# threshold searches), the last none past the maximum.
+SAMPLING_SETTINGS = [(1.0, 50, 0.95), (1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 20000, 0.8), (0.0, 0, 1.0)]
+
+
+def check_sampling(kernels, rng, vocab, settings=SAMPLING_SETTINGS):
     rows = 11
     peaked, flat = rng.normal(scale=4.0, size=(3, vocab)), rng.normal(scale=0.02, size=(3, vocab))
     ties = rng.integers(0, 3, size=(2, vocab)) * 0.5
@@ -183,10 +188,10 @@ def check_sampling(kernels, rng, vocab):
     logits = np.concatenate([peaked, flat, ties, unsamplable]).astype(np.float32)
     step_idx = rng.integers(0, 100, size=rows)
     row_ids = rng.permutation(100)[:rows]  # rows dropped from a batch keep their ids
-    for temperature, top_k, top_p in [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.0, 50, 0.95), (1.3, 20000, 0.8), (0.0, 0, 1.0)]:
-        settings = [np.full(rows, v) for v in (temperature, top_k, top_p)]
-        got, _ = kernels.sample(logits, *settings, step_idx, row_ids, seed=77)
-        expected = reference_sample(logits, *settings, step_idx, 77, row_ids)
+    for temperature, top_k, top_p in settings:
+        per_row = [np.full(rows, v) for v in (temperature, top_k, top_p)]
+        got, _ = kernels.sample(logits, *per_row, step_idx, row_ids, seed=77)
+        expected = reference_sample(logits, *per_row, step_idx, 77, row_ids)
         check(f"sampling at vocabulary {vocab}, temperature {temperature}, top_k {top_k}, top_p {top_p}", got, expected)
 
 
@@ -241,9 +246,10 @@ def main():
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--emulate", action="store_true", help="run the kernels on the CPU (g++), not on a GPU")
     parser.add_argument("--sanitize", choices=sorted(SANITIZERS),
-                        help="with --emulate: under ThreadSanitizer (races between a block's threads; sampling at "
-                             "--vocab only, since it slows every barrier of a block's 256 threads: use a small "
-                             "--vocab) or AddressSanitizer (reads and writes outside the arrays)")
+                        help="with --emulate: under ThreadSanitizer (races between a block's threads; it slows "
+                             "every barrier of a block's 256 threads, so sampling runs at --vocab only, a small one, "
+                             "in the settings that reach every barrier and greedy) or AddressSanitizer (reads and "
+                             "writes outside the arrays)")
     args = parser.parse_args()
     if args.sanitize and not args.emulate:
         parser.error("--sanitize needs --emulate")
@@ -263,8 +269,11 @@ def main():
             kernels = Kernels(cp, launchers(build_library(folder, arch)))
             print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
         check_penalty(kernels, rng)
-        for vocab in [args.vocab] if args.sanitize == "thread" else [50, args.vocab]:
-            check_sampling(kernels, rng, vocab)
+        if args.sanitize == "thread":  # each barrier of 256 threads is slow under it: the settings that reach them
+            check_sampling(kernels, rng, args.vocab, [SAMPLING_SETTINGS[0], SAMPLING_SETTINGS[-1]])
+        else:
+            for vocab in (50, args.vocab):
+                check_sampling(kernels, rng, vocab)
         check_bookkeeping(kernels)
         if not args.emulate:
             time_sampling(kernels, rng, args.rows, args.vocab, args.repeats)

@@ -1,10 +1,10 @@
 // The CUDA the rollout kernels use, emulated on the CPU, so that ../rollout_kernels.cu runs where no GPU is:
 // check_kernels.py --emulate compiles that file with g++ and this folder first on the include path, so
-// this header stands in for CUDA's. Every CUDA thread of a block is an OS thread of its own, and
-// __syncthreads() a std::barrier of the block's threads: a kernel runs as it is written, barriers included,
-// and ThreadSanitizer (--sanitize) sees what a missing barrier would let two threads race on. Blocks run one
-// after the other, so `__shared__` arrays are plain statics. Only what the kernels use is here; y and z of
-// the indices are never set (the kernels use x alone).
+// this header stands in for CUDA's. Every CUDA thread of a block is an OS thread, and __syncthreads() a
+// std::barrier of the block's threads: a kernel runs as it is written, barriers included, and under
+// ThreadSanitizer (--sanitize thread) a missing barrier shows as the race it lets through. A launch's threads
+// run its blocks one after the other, so `__shared__` arrays are plain statics. Only what the kernels use is
+// here; y and z of the indices are never set (the kernels use x alone).
 //
 // Why not a library: hipCPU and cuda4cpu do this job, but neither is on PyPI or in Debian, the only
 // package sources this project's machines reach.

@@ -197,10 +197,10 @@ def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: Sam
 def refuse_unsampled(tokens, running, step):
     """Raise where rollout_sample found nothing to sample from (its token -1: csrc/README.md), naming the rows:
     decoding on would feed an invalid token id to the next step, or hide a policy that diverged."""
-    drawn = tokens.numpy().reshape(-1)  # (8 us at 64 rows on CPU; paddle's own `any` takes 48)
-    if drawn.min() >= 0:
+    unsampled = tokens.numpy().reshape(-1) < 0  # (8 us at 64 rows on CPU; paddle's own `any` takes 48)
+    if not unsampled.any():
         return
-    rows = running.row_ids.numpy()[drawn < 0].tolist()
+    rows = running.row_ids.numpy()[unsampled].tolist()
     raise FloatingPointError(
         f"decode step {step}: nothing to sample from for row(s) {rows} of the rollout batch: their logits hold NaN "
         "or +inf, or are -inf everywhere. The policy's forward diverged or overflowed: lower the learning rate, "

@@ -66,3 +66,20 @@ def reference_sample(logits, temperature, top_k, top_p, step_idx, seed, row_ids=
         above = np.nonzero((cumulative > target) & keep)[0]
         tokens.append(int(above[0]) if len(above) else int(np.nonzero(keep)[0][-1]))
     return np.array(tokens)
+
+
+def reference_save_step(history, step_idx, tokens, stop_flags):
+    """(history, step_idx) after rollout_save_step: each running row whose history has room writes its token."""
+    history, step_idx = history.copy(), step_idx.copy()
+    for b in range(len(tokens)):
+        if not stop_flags[b] and step_idx[b] < history.shape[1]:
+            history[b, step_idx[b]] = tokens[b]
+            step_idx[b] += 1
+    return history, step_idx
+
+
+def reference_update_stop(tokens, stop_flags, step_idx, eos_ids, max_dec_len, pad_id):
+    """(tokens, stop_flags, any row still running) after rollout_update_stop."""
+    tokens = np.where(stop_flags, pad_id, tokens)
+    stop_flags = stop_flags | np.isin(tokens, eos_ids) | (step_idx >= max_dec_len)
+    return tokens, stop_flags, bool((~stop_flags).any())

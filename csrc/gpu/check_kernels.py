@@ -29,7 +29,9 @@ import numpy as np
 GPU_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(GPU_DIR))
 
-from rollout_reference import reference_penalty, reference_sample  # noqa: E402
+from rollout_reference import (  # noqa: E402
+    reference_penalty, reference_sample, reference_save_step, reference_update_stop,
+)
 
 P, I64, U64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64
 # The launchers of rollout_launchers.h and their argument types (pointers as void*).
@@ -208,6 +210,31 @@ def check_bookkeeping(kernels):
     check("update_stop tokens", kernels.host(tokens), [3, 9, 0, 5, 6])
     check("update_stop flags", kernels.host(flags), [False, True, True, True, False])
     check("update_stop any running", kernels.host(running), [True])
+    check_bookkeeping_at_scale(kernels, np.random.default_rng(1))
+
+
+def check_bookkeeping_at_scale(kernels, rng, rows=3000, history_len=6):
+    """Both ops on more rows than a block has threads (save_step's several blocks, update_stop's one block of
+    1,024 walking the rows), against the references. The ops write in place: the arrays they get are copies
+    (xp.array), since NumPy's asarray would hand the emulation the references' own inputs."""
+    xp = kernels.xp
+    history = rng.integers(0, 50, size=(rows, history_len))
+    step_idx, tokens = rng.integers(0, history_len + 2, size=rows), rng.integers(0, 20, size=rows)
+    stop_flags, eos_ids = rng.random(rows) < 0.3, np.array([3, 11])
+    device = [xp.array(history, xp.int64), xp.array(step_idx, xp.int64)]
+    kernels.call("LaunchSaveStep", *device, xp.array(tokens, xp.int64), xp.array(stop_flags), rows, history_len)
+    expected = reference_save_step(history, step_idx, tokens, stop_flags)
+    check(f"save_step at {rows} rows", kernels.host(device[0]), expected[0])
+    check(f"save_step counts at {rows} rows", kernels.host(device[1]), expected[1])
+    for flags in (stop_flags, np.ones(rows, bool)):  # some rows running, then none
+        got = [xp.array(tokens, xp.int64), xp.array(flags), xp.zeros(1, xp.bool_)]
+        kernels.call("LaunchUpdateStop", got[0], got[1], xp.array(step_idx, xp.int64), xp.array(eos_ids, xp.int64),
+                     len(eos_ids), history_len, 0, got[2], rows)
+        expected = reference_update_stop(tokens, flags, step_idx, eos_ids, history_len, 0)
+        check(f"update_stop tokens at {rows} rows, {int(flags.sum())} stopped before", kernels.host(got[0]), expected[0])
+        check(f"update_stop flags at {rows} rows, {int(flags.sum())} stopped before", kernels.host(got[1]), expected[1])
+        check(f"update_stop any running at {rows} rows, {int(flags.sum())} stopped before", kernels.host(got[2]),
+              [expected[2]])
 
 
 def time_sampling(kernels, rng, rows, vocab, repeats):

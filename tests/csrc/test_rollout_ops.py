@@ -15,7 +15,9 @@ import pytest
 from helpers import REPO_ROOT, built_paddlenlp_ops, required
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "csrc"))
-from rollout_reference import reference_keep_mask, reference_penalty, reference_sample  # noqa: E402
+from rollout_reference import (  # noqa: E402
+    reference_keep_mask, reference_penalty, reference_sample, reference_save_step, reference_update_stop,
+)
 
 
 @pytest.fixture(scope="module")
@@ -196,6 +198,25 @@ def test_update_stop_reports_when_all_rows_are_finished(ops):
     _, _, not_need_stop = ops.rollout_update_stop(tokens, flags, t([3, 4], "int64"), t([7], "int64"), 4, 0)
     assert not bool(not_need_stop)
     np.testing.assert_array_equal(tokens.numpy(), [0, 0])
+
+
+def test_save_step_and_update_stop_match_numpy_on_many_rows(ops):
+    rng = np.random.default_rng(1)
+    rows, history_len = 3000, 6
+    history = rng.integers(0, 50, size=(rows, history_len))
+    step_idx, tokens = rng.integers(0, history_len + 2, size=rows), rng.integers(0, 20, size=rows)
+    stop_flags, eos_ids = rng.random(rows) < 0.3, np.array([3, 11])
+    got = [t(history, "int64"), t(step_idx, "int64")]
+    ops.rollout_save_step(*got, t(tokens, "int64"), t(stop_flags, "bool"))
+    for value, expected in zip(got, reference_save_step(history, step_idx, tokens, stop_flags)):
+        np.testing.assert_array_equal(value.numpy(), expected)
+    for flags in (stop_flags, np.ones(rows, bool)):
+        got = [t(tokens, "int64"), t(flags, "bool")]
+        _, _, not_need_stop = ops.rollout_update_stop(*got, t(step_idx, "int64"), t(eos_ids, "int64"), history_len, 0)
+        expected = reference_update_stop(tokens, flags, step_idx, eos_ids, history_len, 0)
+        np.testing.assert_array_equal(got[0].numpy(), expected[0])
+        np.testing.assert_array_equal(got[1].numpy(), expected[1])
+        assert bool(not_need_stop) == expected[2]
 
 
 # ---- CUDA sources --------------------------------------------------------------------------------

@@ -21,16 +21,23 @@ def uniform01(seed, row, step):
 
 
 def reference_penalty(logits, history, step_idx, repetition, frequency, presence, min_len, eos_ids, banned):
+    """Ids outside [0, V) (a history's padding, say) are passed over, in the history, the end ids and the bans."""
     out = logits.copy()
+    vocab = out.shape[1]
+
+    def inside(ids):
+        ids = np.asarray(ids)
+        return ids[(ids >= 0) & (ids < vocab)]
+
     for b in range(out.shape[0]):
-        tokens, counts = np.unique(history[b, : step_idx[b]], return_counts=True)
+        tokens, counts = np.unique(inside(history[b, : step_idx[b]]), return_counts=True)
         for token, count in zip(tokens, counts):
             value = out[b, token]
             value = value / repetition[b] if value > 0 else value * repetition[b]
             out[b, token] = value - count * frequency[b] - presence[b]
         if step_idx[b] < min_len[b]:
-            out[b, eos_ids] = -np.inf
-        out[b, banned] = -np.inf
+            out[b, inside(eos_ids)] = -np.inf
+        out[b, inside(banned)] = -np.inf
     return out
 
 

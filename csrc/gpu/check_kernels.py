@@ -161,9 +161,10 @@ def check_penalty(kernels, rng):
     rows, vocab, history_len = 8, 1000, 12
     logits = rng.normal(scale=2.0, size=(rows, vocab)).astype(np.float32)
     history = rng.integers(0, 30, size=(rows, history_len))  # repeats
-    step_idx = rng.integers(0, history_len + 1, size=rows)
+    history[::2, -3:], history[1::2, -2] = -1, vocab + 4  # padding and ids outside the vocabulary: passed over
+    step_idx = rng.integers(0, history_len + 3, size=rows)  # beyond the history too
     repetition, frequency, presence = np.full(rows, 1.3, np.float32), np.full(rows, 0.1, np.float32), np.full(rows, 0.2, np.float32)
-    min_len, eos, banned = np.full(rows, 6), np.array([3, 7]), np.array([11])
+    min_len, eos, banned = np.full(rows, 6), np.array([3, 7, vocab]), np.array([11, -1])
     expected = reference_penalty(logits, history, step_idx, repetition, frequency, presence, min_len, eos, banned)
     device = xp.asarray(logits)
     kernels.call("LaunchTokenPenalty", device, xp.empty((rows, vocab), xp.int32), xp.asarray(history, xp.int64),
@@ -173,7 +174,7 @@ def check_penalty(kernels, rng):
     got = kernels.host(device)
     if not np.allclose(got, expected, rtol=1e-6, atol=1e-6, equal_nan=True):
         sys.exit("MISMATCH token penalty")
-    print("ok token penalty (repetition, frequency, presence, min length, banned ids)")
+    print("ok token penalty (repetition, frequency, presence, min length, banned ids, ids outside the vocabulary)")
 
 
 # (temperature, top_k, top_p) of the sampling checks; the first reaches every barrier of the kernel (both

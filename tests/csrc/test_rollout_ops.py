@@ -54,6 +54,24 @@ def test_penalties_match_numpy_with_repeats_min_length_and_bans(ops):
     assert np.isfinite(out.numpy()[[2, 3]][:, [9, 10]]).all()
 
 
+def test_penalties_pass_over_ids_outside_the_vocabulary(ops):
+    # A history's padding (-1) and ids past the vocabulary, in the history, the end ids and the bans; and a
+    # step count past the history's length.
+    rng = np.random.default_rng(6)
+    rows, vocab = 4, 20
+    logits = rng.normal(size=(rows, vocab)).astype(np.float32)
+    history = np.array([[1, 1, -1, -1, -1, -1], [2, vocab, 2, vocab + 7, 5, 5], [0, 3, 3, 3, 4, -1], [6, 6, 6, 6, 6, 6]])
+    step_idx, min_len = np.array([6, 6, 5, 9]), np.array([9, 0, 9, 0])
+    penalties = [np.full(rows, v, np.float32) for v in (1.4, 0.3, 0.2)]
+    eos_ids, banned = np.array([vocab, 9]), np.array([-1, 11, vocab + 1])
+    expected = reference_penalty(logits, history, step_idx, *penalties, min_len, eos_ids, banned)
+    out = t(logits, "float32")
+    ops.rollout_token_penalty(out, t(history, "int64"), t(step_idx, "int64"), *(t(p, "float32") for p in penalties),
+                              t(min_len, "int64"), t(eos_ids, "int64"), t(banned, "int64"))
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
+    assert np.isneginf(out.numpy()[:, 11]).all() and np.isneginf(out.numpy()[[0, 2], 9]).all()
+
+
 def test_penalty_by_hand(ops):
     # logit 2.0 seen twice: 2.0 / 2 (repetition) - 2 * 0.5 (frequency) - 0.1 (presence) = -0.1;
     # logit -1.0 seen once: -1.0 * 2 - 0.5 - 0.1 = -2.6.

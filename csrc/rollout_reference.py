@@ -75,6 +75,14 @@ def reference_sample(logits, temperature, top_k, top_p, step_idx, seed, row_ids=
     return np.array(tokens)
 
 
+def bookkeeping_batch(rng, rows, history_len):
+    """Random inputs of rollout_save_step and rollout_update_stop: (history, step_idx (some past the history),
+    tokens, stop_flags (about 30% set), eos_ids)."""
+    history = rng.integers(0, 50, size=(rows, history_len))
+    step_idx, tokens = rng.integers(0, history_len + 2, size=rows), rng.integers(0, 20, size=rows)
+    return history, step_idx, tokens, rng.random(rows) < 0.3, np.array([3, 11])
+
+
 def reference_save_step(history, step_idx, tokens, stop_flags):
     """(history, step_idx) after rollout_save_step: each running row whose history has room writes its token."""
     history, step_idx = history.copy(), step_idx.copy()

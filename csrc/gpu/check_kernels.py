@@ -30,7 +30,7 @@ GPU_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(GPU_DIR))
 
 from rollout_reference import (  # noqa: E402
-    reference_penalty, reference_sample, reference_save_step, reference_update_stop,
+    bookkeeping_batch, reference_penalty, reference_sample, reference_save_step, reference_update_stop,
 )
 
 P, I64, U64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64
@@ -166,7 +166,7 @@ def check_penalty(kernels, rng):
     repetition, frequency, presence = np.full(rows, 1.3, np.float32), np.full(rows, 0.1, np.float32), np.full(rows, 0.2, np.float32)
     min_len, eos, banned = np.full(rows, 6), np.array([3, 7, vocab]), np.array([11, -1])
     expected = reference_penalty(logits, history, step_idx, repetition, frequency, presence, min_len, eos, banned)
-    device = xp.asarray(logits)
+    device = xp.array(logits)
     kernels.call("LaunchTokenPenalty", device, xp.empty((rows, vocab), xp.int32), xp.asarray(history, xp.int64),
                  xp.asarray(step_idx, xp.int64), xp.asarray(repetition), xp.asarray(frequency), xp.asarray(presence),
                  xp.asarray(min_len, xp.int64), xp.asarray(eos, xp.int64), len(eos), xp.asarray(banned, xp.int64),
@@ -219,9 +219,7 @@ def check_bookkeeping_at_scale(kernels, rng, rows=3000, history_len=6):
     1,024 walking the rows), against the references. The ops write in place: the arrays they get are copies
     (xp.array), since NumPy's asarray would hand the emulation the references' own inputs."""
     xp = kernels.xp
-    history = rng.integers(0, 50, size=(rows, history_len))
-    step_idx, tokens = rng.integers(0, history_len + 2, size=rows), rng.integers(0, 20, size=rows)
-    stop_flags, eos_ids = rng.random(rows) < 0.3, np.array([3, 11])
+    history, step_idx, tokens, stop_flags, eos_ids = bookkeeping_batch(rng, rows, history_len)
     device = [xp.array(history, xp.int64), xp.array(step_idx, xp.int64)]
     kernels.call("LaunchSaveStep", *device, xp.array(tokens, xp.int64), xp.array(stop_flags), rows, history_len)
     expected = reference_save_step(history, step_idx, tokens, stop_flags)

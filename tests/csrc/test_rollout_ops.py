@@ -15,8 +15,11 @@ import pytest
 from helpers import REPO_ROOT, built_paddlenlp_ops, required
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "csrc"))
+sys.path.insert(0, os.path.join(REPO_ROOT, "csrc", "gpu"))
+import check_kernels  # noqa: E402
 from rollout_reference import (  # noqa: E402
-    reference_keep_mask, reference_penalty, reference_sample, reference_save_step, reference_update_stop,
+    bookkeeping_batch, reference_keep_mask, reference_penalty, reference_sample, reference_save_step,
+    reference_update_stop,
 )
 
 
@@ -221,9 +224,7 @@ def test_update_stop_reports_when_all_rows_are_finished(ops):
 def test_save_step_and_update_stop_match_numpy_on_many_rows(ops):
     rng = np.random.default_rng(1)
     rows, history_len = 3000, 6
-    history = rng.integers(0, 50, size=(rows, history_len))
-    step_idx, tokens = rng.integers(0, history_len + 2, size=rows), rng.integers(0, 20, size=rows)
-    stop_flags, eos_ids = rng.random(rows) < 0.3, np.array([3, 11])
+    history, step_idx, tokens, stop_flags, eos_ids = bookkeeping_batch(rng, rows, history_len)
     got = [t(history, "int64"), t(step_idx, "int64")]
     ops.rollout_save_step(*got, t(tokens, "int64"), t(stop_flags, "bool"))
     for value, expected in zip(got, reference_save_step(history, step_idx, tokens, stop_flags)):
@@ -249,19 +250,10 @@ def test_cuda_sources_compile_with_nvcc(source, tmp_path):
     assert result.returncode == 0, result.stderr
 
 
-def check_kernels_module():
-    """csrc/gpu/check_kernels.py, imported."""
-    sys.path.insert(0, os.path.join(REPO_ROOT, "csrc", "gpu"))
-    import check_kernels as module
-
-    return module
-
-
 def test_the_cuda_kernels_build_into_a_library_with_every_launcher(tmp_path):
     """csrc/gpu/check_kernels.py's build and symbol lookup, which need nvcc but no GPU."""
     if shutil.which("nvcc") is None:
         required("nvcc", "nvcc is not installed")
-    check_kernels = check_kernels_module()
     functions = check_kernels.launchers(check_kernels.build_library(str(tmp_path), "sm_90"))
     assert sorted(functions) == sorted(check_kernels.LAUNCHERS)
 
@@ -278,7 +270,7 @@ def sanitizer(name):
     """Skip (fail in CI) where g++ or its runtime of sanitizer `name` is missing."""
     if shutil.which("g++") is None:
         required("g++", "g++ is not installed")
-    if check_kernels_module().sanitizer_runtime(name) is None:
+    if check_kernels.sanitizer_runtime(name) is None:
         required(name, f"g++ has no runtime of the {name} sanitizer")
 
 

@@ -121,8 +121,9 @@ def version_model(version, size=64):
 def test_published_weights_are_never_seen_partly_written(tmp_path):
     seen, stop = [], threading.Event()
 
-    def reader():  # reads every version it sees while versions are published, reused and removed
-        while not stop.is_set():
+    def reader():  # reads every version it sees while versions are published, reused and removed, then the last
+        while True:
+            stopping = stop.is_set()  # one more look once the publishing ends: `keep=1` leaves the last version
             for name in os.listdir(tmp_path):
                 match = weights.WEIGHTS_FILE.match(name)
                 if not match:
@@ -136,6 +137,8 @@ def test_published_weights_are_never_seen_partly_written(tmp_path):
                     assert "was reused for policy version" in str(error)
                     continue
                 seen.append(sorted(state) == ["bias", "weight"] and all((value == version).all() for value in state.values()))
+            if stopping:
+                return
 
     models = [version_model(version) for version in range(30)]
     thread = threading.Thread(target=reader)

@@ -12,8 +12,8 @@ as an OS thread and __syncthreads() as a barrier of them, and the launchers run 
 arithmetic, indexing and barriers as written, without a GPU's timing, warps or floating-point library.
 --sanitize thread runs it under ThreadSanitizer, which reports two threads of a block touching the same
 memory with no barrier between them; --sanitize address under AddressSanitizer, which reports a read or
-write outside the arrays. Prints one line per check and `kernels_checked=<n>` last; exits non-zero at the
-first mismatch (66 at a sanitizer's report). tests/csrc/test_rollout_ops.py runs it emulated everywhere,
+write outside the arrays. Prints one line per check and `kernels_checked=<n>` last; runs every check and exits
+non-zero if any mismatched (66 at a sanitizer's report, which stops the run). tests/csrc/test_rollout_ops.py runs it emulated everywhere,
 and on a GPU where there is one."""
 
 import argparse
@@ -30,7 +30,8 @@ GPU_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(GPU_DIR))
 
 from rollout_reference import (  # noqa: E402
-    bookkeeping_batch, reference_penalty, reference_sample, reference_save_step, reference_update_stop,
+    bookkeeping_batch, reference_keep_mask, reference_penalty, reference_sample, reference_save_step,
+    reference_update_stop, uniform01,
 )
 
 P, I64, U64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64
@@ -43,11 +44,12 @@ LAUNCHERS = {
 }
 
 
-def build_library(folder, arch):
-    """rollout_kernels.cu as a shared library for the GPU architecture `arch` (e.g. sm_90), by nvcc alone."""
+def build_library(folder, arch, sample_threads=None):
+    """rollout_kernels.cu as a shared library for the GPU architecture `arch` (e.g. sm_90), by nvcc alone; the
+    sampling kernel's blocks of `sample_threads` if given (the kernels' own number otherwise)."""
     library = os.path.join(folder, "librollout_kernels.so")
     command = ["nvcc", "-shared", "-Xcompiler", "-fPIC", "-std=c++17", "-O3", f"-arch={arch}",
-               os.path.join(GPU_DIR, "rollout_kernels.cu"), "-o", library]
+               *sample_threads_define(sample_threads), os.path.join(GPU_DIR, "rollout_kernels.cu"), "-o", library]
     subprocess.run(command, check=True)
     return library
 
@@ -57,11 +59,20 @@ SANITIZERS = {"thread": ("libtsan.so", "TSAN_OPTIONS", "halt_on_error=1 exitcode
               "address": ("libasan.so", "ASAN_OPTIONS", "detect_leaks=0 halt_on_error=1 exitcode=66")}
 
 
-def build_emulated_library(folder, sanitize=None):
+def sample_threads_define(sample_threads):
+    return [] if sample_threads is None else [f"-DROLLOUT_SAMPLE_THREADS={sample_threads}"]
+
+
+# The sampling kernel's threads a block in the emulation: each is an OS thread, and every barrier of 1,024 of
+# them costs milliseconds on two cores; 4 warps run the same code, its splits between warps included.
+EMULATED_SAMPLE_THREADS = 128
+
+
+def build_emulated_library(folder, sanitize=None, sample_threads=EMULATED_SAMPLE_THREADS):
     """rollout_kernels.cu as a shared library of the CPU, by g++ against emulation/cuda_runtime.h; under the
     sanitizer `sanitize` ("thread" or "address") if given."""
     library = os.path.join(folder, "librollout_kernels_emulated.so")
-    command = ["g++", "-x", "c++", "-std=c++20", "-shared", "-fPIC", "-pthread",
+    command = ["g++", "-x", "c++", "-std=c++20", "-shared", "-fPIC", "-pthread", *sample_threads_define(sample_threads),
                "-I", os.path.join(GPU_DIR, "emulation"), os.path.join(GPU_DIR, "rollout_kernels.cu"), "-o", library]
     command += ["-O1", "-g", f"-fsanitize={sanitize}"] if sanitize else ["-O2"]
     subprocess.run(command, check=True)
@@ -149,11 +160,18 @@ class EmulatedKernels(Kernels):
         launcher(*values, None)
 
 
+MISMATCHES = []  # the labels of the checks that failed: the run goes on, so one run shows every failure
+
+
 def check(label, got, expected):
-    if not np.array_equal(np.asarray(got), np.asarray(expected)):
-        mismatched = int(np.sum(np.asarray(got) != np.asarray(expected)))
-        sys.exit(f"MISMATCH {label}: {mismatched} of {np.asarray(expected).size} entries differ")
-    print(f"ok {label}")
+    """Exact equality of `got` and `expected`; a mismatch is printed and counted, and the checks go on."""
+    got, expected = np.asarray(got), np.asarray(expected)
+    if np.array_equal(got, expected):
+        print(f"ok {label}")
+        return True
+    print(f"MISMATCH {label}: {int(np.sum(got != expected))} of {expected.size} entries differ")
+    MISMATCHES.append(label)
+    return False
 
 
 def check_penalty(kernels, rng):
@@ -171,10 +189,13 @@ def check_penalty(kernels, rng):
                  xp.asarray(step_idx, xp.int64), xp.asarray(repetition), xp.asarray(frequency), xp.asarray(presence),
                  xp.asarray(min_len, xp.int64), xp.asarray(eos, xp.int64), len(eos), xp.asarray(banned, xp.int64),
                  len(banned), rows, vocab, history_len)
+    label = "token penalty (repetition, frequency, presence, min length, banned ids, ids outside the vocabulary)"
     got = kernels.host(device)
-    if not np.allclose(got, expected, rtol=1e-6, atol=1e-6, equal_nan=True):
-        sys.exit("MISMATCH token penalty")
-    print("ok token penalty (repetition, frequency, presence, min length, banned ids, ids outside the vocabulary)")
+    if np.allclose(got, expected, rtol=1e-6, atol=1e-6, equal_nan=True):
+        print(f"ok {label}")
+    else:
+        print(f"MISMATCH {label}: largest difference {np.nanmax(np.abs(got - expected))}")
+        MISMATCHES.append(label)
 
 
 # (temperature, top_k, top_p) of the sampling checks; the first reaches every barrier of the kernel (both
@@ -195,7 +216,25 @@ def check_sampling(kernels, rng, vocab, settings=SAMPLING_SETTINGS):
         per_row = [np.full(rows, v) for v in (temperature, top_k, top_p)]
         got, _ = kernels.sample(logits, *per_row, step_idx, row_ids, seed=77)
         expected = reference_sample(logits, *per_row, step_idx, 77, row_ids)
-        check(f"sampling at vocabulary {vocab}, temperature {temperature}, top_k {top_k}, top_p {top_p}", got, expected)
+        if not check(f"sampling at vocabulary {vocab}, temperature {temperature}, top_k {top_k}, top_p {top_p}", got,
+                     expected):
+            for b in np.nonzero(got != expected)[0]:
+                print("  " + explain_draw(logits[b], temperature, top_k, top_p, uniform01(77, int(row_ids[b]),
+                                                                                        int(step_idx[b])), got[b], expected[b]))
+
+
+def explain_draw(row, temperature, top_k, top_p, uniform, got, expected):
+    """Where a row's draw fell in the reference's kept mass, to tell a wrong kernel from a draw that lands
+    within rounding of a token boundary (a GPU's expf may differ from NumPy's exp in the last bits)."""
+    if temperature <= 0 or min(got, expected) < 0:  # greedy, or a row with nothing to sample from
+        return f"got token {got}, expected {expected}: logits {[row[t] for t in (got, expected) if t >= 0]}"
+    keep, probs = reference_keep_mask(row, temperature, top_k, top_p)
+    mass = np.where(keep, probs, 0.0).astype(np.float64)
+    cumulative = np.cumsum(mass) / mass.sum()
+    edges = [cumulative[t - 1] if t > 0 else 0.0 for t in (expected, expected + 1)]
+    return (f"got token {got} (kept: {bool(keep[got]) if 0 <= got < len(keep) else 'no token'}), expected {expected}; "
+            f"the draw {uniform:.9f} is {min(abs(uniform - e) for e in edges):.2e} of the mass from the expected "
+            f"token's edges; {int(keep.sum())} tokens kept")
 
 
 def check_bookkeeping(kernels):
@@ -236,41 +275,53 @@ def check_bookkeeping_at_scale(kernels, rng, rows=3000, history_len=6):
               [expected[2]])
 
 
-def time_sampling(kernels, rng, rows, vocab, repeats):
-    """Milliseconds per sampling call against one read of the logits at the bandwidth a device copy reaches."""
-    cp = kernels.xp
+# (top_k, top_p) of the timings: everything kept (GRPO's usual setting), top-p alone, top-k then top-p.
+TIMED_SETTINGS = [(0, 1.0), (0, 0.9), (50, 0.95)]
+
+
+def device_bandwidth(cp):
+    """Bytes per second a device-to-device copy of 1 GiB moves, counting bytes read and written."""
     block = cp.ones(2**28, cp.float32)
     copy = cp.empty_like(block)
+    copy[...] = block  # the copy kernel compiled and warm
     start, end = cp.cuda.Event(), cp.cuda.Event()
     start.record()
     for _ in range(10):
         copy[...] = block
     end.record()
     end.synchronize()
-    bandwidth = 2 * block.nbytes * 10 / (cp.cuda.get_elapsed_time(start, end) / 1000)  # read + write
+    return 2 * block.nbytes * 10 / (cp.cuda.get_elapsed_time(start, end) / 1000)
+
+
+def time_sampling(kernels, rng, rows, vocab, repeats, bandwidth):
+    """Milliseconds per sampling call against one read of the logits at the device's copy bandwidth."""
+    cp = kernels.xp
+    start, end = cp.cuda.Event(), cp.cuda.Event()
     logits = rng.normal(scale=4.0, size=(rows, vocab)).astype(np.float32)
-    for top_p in (1.0, 0.9):
-        settings = [np.ones(rows), np.zeros(rows), np.full(rows, top_p)]
+    floor = 1000 * logits.nbytes / bandwidth
+    for top_k, top_p in TIMED_SETTINGS:
+        settings = [np.ones(rows), np.full(rows, top_k), np.full(rows, top_p)]
         _, device = kernels.sample(logits, *settings, np.zeros(rows), np.arange(rows), seed=1)
-        tokens = cp.empty(rows, cp.int64)
+        arguments = [kernels.pointer(a) for a in device]
+        tokens, stream = cp.empty(rows, cp.int64), cp.cuda.get_current_stream().ptr
         start.record()
         for _ in range(repeats):
-            kernels.functions["LaunchSample"](*[kernels.pointer(a) for a in device], 1, int(tokens.data.ptr), rows, vocab,
-                                              cp.cuda.get_current_stream().ptr)
+            kernels.functions["LaunchSample"](*arguments, 1, int(tokens.data.ptr), rows, vocab, stream)
         end.record()
         end.synchronize()
         milliseconds = cp.cuda.get_elapsed_time(start, end) / repeats
-        floor = 1000 * logits.nbytes / bandwidth
-        print(f"sampling {rows} x {vocab}, top_p {top_p}: {milliseconds:.3f} ms; one read of the logits at "
-              f"{bandwidth / 1e9:.0f} GB/s: {floor:.3f} ms ({milliseconds / floor:.1f}x)")
+        print(f"sampling {rows} x {vocab}, top_k {top_k}, top_p {top_p}: {milliseconds:.3f} ms; one read of the "
+              f"logits at {bandwidth / 1e9:.0f} GB/s: {floor:.4f} ms ({milliseconds / floor:.0f}x)")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--rows", type=int, nargs="+", default=[16, 256], help="the batch sizes sampling is timed at")
     parser.add_argument("--vocab", type=int, default=151936)
-    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=50, help="timed calls per setting; 0: no timing")
     parser.add_argument("--emulate", action="store_true", help="run the kernels on the CPU (g++), not on a GPU")
+    parser.add_argument("--sample-threads", type=int, help="the sampling kernel's threads a block, a power of two "
+                        f"from 64 to 1024 (default: the kernel's 1024 on a GPU, {EMULATED_SAMPLE_THREADS} emulated)")
     parser.add_argument("--sanitize", choices=sorted(SANITIZERS),
                         help="with --emulate: under ThreadSanitizer (races between a block's threads; it slows "
                              "every barrier of a block's 256 threads, so sampling runs at --vocab only, a small one, "
@@ -279,6 +330,8 @@ def main():
     args = parser.parse_args()
     if args.sanitize and not args.emulate:
         parser.error("--sanitize needs --emulate")
+    if args.sample_threads not in (None, 64, 128, 256, 512, 1024):
+        parser.error(f"--sample-threads {args.sample_threads}: a power of two from 64 to 1024")
     if args.emulate and shutil.which("g++") is None:
         sys.exit("--emulate needs g++")
     if args.sanitize and SANITIZERS[args.sanitize][0][:-3] not in os.environ.get("LD_PRELOAD", ""):
@@ -286,14 +339,17 @@ def main():
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as folder:
         if args.emulate:
-            kernels = EmulatedKernels(launchers(build_emulated_library(folder, args.sanitize)))
-            print("device: the CPU, emulating CUDA" + (f" under the {args.sanitize} sanitizer" if args.sanitize else ""))
+            threads = args.sample_threads or EMULATED_SAMPLE_THREADS
+            kernels = EmulatedKernels(launchers(build_emulated_library(folder, args.sanitize, threads)))
+            print(f"device: the CPU, emulating CUDA (sampling blocks of {threads} threads)"
+                  + (f" under the {args.sanitize} sanitizer" if args.sanitize else ""))
         else:
             import cupy as cp
 
             arch = f"sm_{cp.cuda.Device().compute_capability}"
-            kernels = Kernels(cp, launchers(build_library(folder, arch)))
-            print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
+            kernels = Kernels(cp, launchers(build_library(folder, arch, args.sample_threads)))
+            threads = args.sample_threads or "the kernel's 1024"
+            print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()} (sampling blocks of {threads} threads)")
         check_penalty(kernels, rng)
         if args.sanitize == "thread":  # each barrier of 256 threads is slow under it: the settings that reach them
             check_sampling(kernels, rng, args.vocab, [SAMPLING_SETTINGS[0], SAMPLING_SETTINGS[-1]])
@@ -301,8 +357,12 @@ def main():
             for vocab in (50, args.vocab):
                 check_sampling(kernels, rng, vocab)
         check_bookkeeping(kernels)
-        if not args.emulate:
-            time_sampling(kernels, rng, args.rows, args.vocab, args.repeats)
+        if not args.emulate and args.repeats > 0:
+            bandwidth = device_bandwidth(kernels.xp)
+            for rows in args.rows:
+                time_sampling(kernels, rng, rows, args.vocab, args.repeats, bandwidth)
+    if MISMATCHES:
+        sys.exit(f"{len(MISMATCHES)} checks failed: {'; '.join(MISMATCHES)}")
     print(f"kernels_checked={len(LAUNCHERS)}")
 
 

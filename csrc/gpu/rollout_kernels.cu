@@ -33,8 +33,8 @@ void LaunchSample(const float* logits, float* probs, const float* temperature, c
                   int64_t rows,
                   int64_t vocab, void* stream) {
   if (rows == 0) return;
-  ROLLOUT_LAUNCH(SampleKernel, rows, kThreads, AsStream(stream))(logits, probs, temperature, top_k, top_p, step_idx,
-                                                                 row_ids, seed, tokens, vocab);
+  ROLLOUT_LAUNCH(SampleKernel, rows, kSampleThreads, AsStream(stream))(logits, probs, temperature, top_k, top_p,
+                                                                       step_idx, row_ids, seed, tokens, vocab);
 }
 
 void LaunchSaveStep(int64_t* history, int64_t* step_idx, const int64_t* tokens, const bool* stop_flags,

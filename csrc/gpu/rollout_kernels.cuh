@@ -48,82 +48,165 @@ __global__ void TokenPenaltyKernel(float* logits, int32_t* counts, const int64_t
   }
 }
 
-// ---- block reductions ----
+// ---- sampling: one block of kSampleThreads per row ----
 
+// A row's passes are bound by the loads its block keeps in flight: 1,024 threads, 16 bytes a load. (Any
+// power of two from 64 to 1,024 works: the CPU emulation runs fewer, each an OS thread.)
+#ifndef ROLLOUT_SAMPLE_THREADS
+#define ROLLOUT_SAMPLE_THREADS 1024
+#endif
+constexpr int kSampleThreads = ROLLOUT_SAMPLE_THREADS;
+constexpr int kWarpSize = 32;
+constexpr int kSampleWarps = kSampleThreads / kWarpSize;
+constexpr int64_t kWalkedEntries = 8;  // the draw walks this few entries one by one
+static_assert(kSampleWarps >= 2, "the draw splits a range into one piece per warp");
+
+// visit(v, value) for this thread's entries of row[begin, end): 4-entry groups number lane, lane + lanes, ...
+// from the first 16-byte aligned entry, loaded 16 bytes at a time; the few entries before and after go one by one.
+template <typename Visit>
+__device__ __forceinline__ void ForEachEntry(const float* row, int64_t begin, int64_t end, int lane, int lanes,
+                                             Visit visit) {
+  const int64_t misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(row + begin) / sizeof(float) % 4);
+  const int64_t body = misaligned == 0 ? begin : (begin + 4 - misaligned < end ? begin + 4 - misaligned : end);
+  for (int64_t v = begin + lane; v < body; v += lanes) visit(v, row[v]);
+  const int64_t groups = (end - body) / 4;
+  const float4* quads = reinterpret_cast<const float4*>(row + body);
+  for (int64_t q = lane; q < groups; q += lanes) {
+    const float4 x = quads[q];
+    const int64_t v = body + 4 * q;
+    visit(v, x.x);
+    visit(v + 1, x.y);
+    visit(v + 2, x.z);
+    visit(v + 3, x.w);
+  }
+  for (int64_t v = body + 4 * groups + lane; v < end; v += lanes) visit(v, row[v]);
+}
+
+// The warp's sum, the same in every lane (each lane adds the same pairs, commuted).
+template <typename T>
+__device__ __forceinline__ T WarpSum(T value) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// The block's sum, the same in every thread: each warp's, then the warps' in order. `shared`: one per warp.
 template <typename T>
 __device__ T BlockSum(T value, T* shared) {
-  shared[threadIdx.x] = value;
+  value = WarpSum(value);
+  if (threadIdx.x % kWarpSize == 0) shared[threadIdx.x / kWarpSize] = value;
   __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
-    __syncthreads();
-  }
-  T total = shared[0];
-  __syncthreads();
+  T total = 0;
+  for (int w = 0; w < static_cast<int>(blockDim.x) / kWarpSize; ++w) total += shared[w];
+  __syncthreads();  // every thread has read `shared` before the next call writes it
   return total;
 }
 
-// Largest value, smallest index among equals (as std::max_element on the CPU).
+// Largest value, smallest index among equals (as std::max_element on the CPU), in every thread.
+__device__ __forceinline__ bool Precedes(float value, int64_t index, float other, int64_t other_index) {
+  return value > other || (value == other && index < other_index);
+}
+
 __device__ void BlockArgMax(float value, int64_t index, float* shared_values, int64_t* shared_indices,
                             float* best_value, int64_t* best_index) {
-  shared_values[threadIdx.x] = value;
-  shared_indices[threadIdx.x] = index;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      const float other = shared_values[threadIdx.x + stride];
-      const int64_t other_index = shared_indices[threadIdx.x + stride];
-      if (other > shared_values[threadIdx.x] ||
-          (other == shared_values[threadIdx.x] && other_index < shared_indices[threadIdx.x])) {
-        shared_values[threadIdx.x] = other;
-        shared_indices[threadIdx.x] = other_index;
-      }
-    }
-    __syncthreads();
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, value, offset);
+    const int64_t other_index = __shfl_xor_sync(0xffffffffu, index, offset);
+    if (Precedes(other, other_index, value, index)) value = other, index = other_index;
   }
-  *best_value = shared_values[0];
-  *best_index = shared_indices[0];
+  if (threadIdx.x % kWarpSize == 0) shared_values[threadIdx.x / kWarpSize] = value, shared_indices[threadIdx.x / kWarpSize] = index;
+  __syncthreads();
+  *best_value = shared_values[0], *best_index = shared_indices[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x) / kWarpSize; ++w) {
+    if (Precedes(shared_values[w], shared_indices[w], *best_value, *best_index)) {
+      *best_value = shared_values[w], *best_index = shared_indices[w];
+    }
+  }
   __syncthreads();
 }
 
 // Non-negative floats order like their bit patterns, so thresholds can be searched bit by bit.
 __device__ __forceinline__ uint32_t KeyOf(float p) { return __float_as_uint(p); }
 
-// Largest key K with count(key >= K) >= k: the k-th largest probability, exactly.
-__device__ uint32_t KthLargestKey(const float* probs, int64_t vocab, int64_t k, int64_t* shared) {
-  uint32_t key = 0;
-  for (int bit = 31; bit >= 0; --bit) {
-    const uint32_t candidate = key | (1u << bit);
-    int64_t count = 0;
-    for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) count += KeyOf(probs[v]) >= candidate;
-    if (BlockSum<int64_t>(count, shared) >= k) key = candidate;
-  }
-  return key;
-}
+__device__ __forceinline__ bool Kept(float p, uint32_t keep_key) { return KeyOf(p) >= keep_key && p > 0.0f; }
 
-// Largest key K >= floor_key with mass(key >= K) >= target: the smallest kept probability of top-p.
-__device__ uint32_t TopPKey(const float* probs, int64_t vocab, uint32_t floor_key, double target, double* shared) {
+// The largest key K whose probabilities, those with a key >= max(K, floor_key), reach `target` (and are not
+// none) in count (kMass false: top-k's k-th largest, exactly) or in mass (top-p). Bit by bit from the top;
+// the sign bit of a probability is 0.
+template <typename T, bool kMass>
+__device__ uint32_t SearchKey(const float* probs, int64_t vocab, uint32_t floor_key, T target, T* shared) {
   uint32_t key = 0;
-  for (int bit = 31; bit >= 0; --bit) {
+  for (int bit = 30; bit >= 0; --bit) {
     const uint32_t candidate = key | (1u << bit);
     const uint32_t bound = candidate > floor_key ? candidate : floor_key;
-    double mass = 0.0;
-    for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
-      if (KeyOf(probs[v]) >= bound) mass += probs[v];
-    }
-    if (BlockSum<double>(mass, shared) >= target) key = candidate;
+    T measure = 0;
+    ForEachEntry(probs, 0, vocab, threadIdx.x, blockDim.x, [&](int64_t, float p) {
+      if (KeyOf(p) >= bound) measure += kMass ? static_cast<T>(p) : T(1);
+    });
+    measure = BlockSum<T>(measure, shared);
+    if (measure >= target && measure > 0) key = candidate;
   }
   return key > floor_key ? key : floor_key;
 }
 
-// ---- sampling: one block of kThreads per row ----
+// The kept token where the kept mass, walked in token order, passes uniform * (the kept mass): the range is
+// split into one piece per warp, each warp sums its piece, and the piece where the running sum passes the
+// target (else, rounding only, the last piece with mass) is split again, down to kWalkedEntries entries that
+// thread 0 walks. Returns the token in thread 0. `shared`: one per warp.
+__device__ int64_t DrawKept(const float* probs, int64_t vocab, uint32_t keep_key, double uniform, double* shared) {
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int warps = static_cast<int>(blockDim.x) / kWarpSize;
+  int64_t begin = 0, end = vocab;
+  double cumulative = 0.0, target = -1.0;
+  while (end - begin > kWalkedEntries) {
+    const int64_t piece = ((end - begin + warps - 1) / warps + 3) / 4 * 4;  // pieces keep the row's alignment
+    const int64_t first = begin + warp * piece < end ? begin + warp * piece : end;
+    double mass = 0.0;
+    ForEachEntry(probs, first, first + piece < end ? first + piece : end, lane, kWarpSize, [&](int64_t, float p) {
+      if (Kept(p, keep_key)) mass += p;
+    });
+    mass = WarpSum(mass);
+    if (lane == 0) shared[warp] = mass;
+    __syncthreads();
+    if (target < 0.0) {  // the first split: its pieces' mass is the kept mass
+      double total = 0.0;
+      for (int w = 0; w < warps; ++w) total += shared[w];
+      target = uniform * total;
+    }
+    int picked = -1;
+    double before = cumulative;
+    for (int w = 0; w < warps && picked < 0; ++w) {
+      if (before + shared[w] > target) picked = w;
+      else before += shared[w];
+    }
+    if (picked < 0) {
+      picked = 0;  // (no piece has mass only where nothing is kept: the walk then finds no token)
+      for (int w = 0; w < warps; ++w) picked = shared[w] > 0.0 ? w : picked;
+      before = cumulative;
+      for (int w = 0; w < picked; ++w) before += shared[w];
+    }
+    __syncthreads();  // every thread has read `shared` before the next split writes it
+    cumulative = before;
+    begin = begin + picked * piece;
+    end = begin + piece < end ? begin + piece : end;
+  }
+  int64_t token = -1, last_kept = -1;
+  if (threadIdx.x == 0) {
+    for (int64_t v = begin; v < end && token < 0; ++v) {
+      if (!Kept(probs[v], keep_key)) continue;
+      cumulative += probs[v];
+      last_kept = v;
+      if (cumulative > target) token = v;
+    }
+  }
+  return token >= 0 ? token : last_kept;
+}
 
 __global__ void SampleKernel(const float* logits, float* probs, const float* temperature, const int64_t* top_k,
                              const float* top_p, const int64_t* step_idx, const int64_t* row_ids, uint64_t seed,
                              int64_t* tokens, int64_t vocab) {
-  __shared__ float shared_values[kThreads];
-  __shared__ int64_t shared_indices[kThreads];
-  __shared__ double shared_mass[kThreads];
+  __shared__ float shared_values[kSampleWarps];
+  __shared__ int64_t shared_counts[kSampleWarps];
+  __shared__ double shared_mass[kSampleWarps];
   const int64_t b = blockIdx.x;
   const float* row = logits + b * vocab;
   float* row_probs = probs + b * vocab;
@@ -131,19 +214,18 @@ __global__ void SampleKernel(const float* logits, float* probs, const float* tem
   const float infinity = __int_as_float(0x7f800000);
   float local_max = -infinity;
   int64_t local_index = vocab, local_nans = 0;
-  for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
-    if (row[v] != row[v]) {
+  ForEachEntry(row, 0, vocab, threadIdx.x, blockDim.x, [&](int64_t v, float x) {
+    if (x != x) {
       ++local_nans;
-    } else if (row[v] > local_max) {
-      local_max = row[v];
-      local_index = v;
+    } else if (Precedes(x, v, local_max, local_index)) {
+      local_max = x, local_index = v;
     }
-  }
+  });
   float max_logit;
   int64_t best;
-  BlockArgMax(local_max, local_index, shared_values, shared_indices, &max_logit, &best);
+  BlockArgMax(local_max, local_index, shared_values, shared_counts, &max_logit, &best);
   // Nothing to sample from (a NaN or +inf logit, or every logit -inf): the token is kNoToken.
-  if (BlockSum<int64_t>(local_nans, shared_indices) > 0 || max_logit == infinity || max_logit == -infinity) {
+  if (BlockSum<int64_t>(local_nans, shared_counts) > 0 || max_logit == infinity || max_logit == -infinity) {
     if (threadIdx.x == 0) tokens[b] = kNoToken;
     return;
   }
@@ -154,69 +236,24 @@ __global__ void SampleKernel(const float* logits, float* probs, const float* tem
   }
 
   const float max_scaled = max_logit / t;
-  for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) row_probs[v] = expf(row[v] / t - max_scaled);
+  ForEachEntry(row, 0, vocab, threadIdx.x, blockDim.x, [&](int64_t v, float x) { row_probs[v] = expf(x / t - max_scaled); });
   __syncthreads();
 
-  uint32_t floor_key = 0;
-  if (top_k[b] > 0 && top_k[b] < vocab) floor_key = KthLargestKey(row_probs, vocab, top_k[b], shared_indices);
-  double kept_mass = 0.0;
-  for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
-    if (KeyOf(row_probs[v]) >= floor_key) kept_mass += row_probs[v];
+  uint32_t keep_key = 0;
+  if (top_k[b] > 0 && top_k[b] < vocab) {
+    keep_key = SearchKey<int64_t, false>(row_probs, vocab, 0, top_k[b], shared_counts);
   }
-  kept_mass = BlockSum<double>(kept_mass, shared_mass);
-  uint32_t keep_key = floor_key;
   if (top_p[b] < 1.0f) {
-    keep_key = TopPKey(row_probs, vocab, floor_key, static_cast<double>(top_p[b]) * kept_mass, shared_mass);
-    kept_mass = 0.0;
-    for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
-      if (KeyOf(row_probs[v]) >= keep_key) kept_mass += row_probs[v];
-    }
+    double kept_mass = 0.0;
+    ForEachEntry(row_probs, 0, vocab, threadIdx.x, blockDim.x, [&](int64_t, float p) {
+      if (KeyOf(p) >= keep_key) kept_mass += p;
+    });
     kept_mass = BlockSum<double>(kept_mass, shared_mass);
+    keep_key = SearchKey<double, true>(row_probs, vocab, keep_key, static_cast<double>(top_p[b]) * kept_mass, shared_mass);
   }
-
-  // Inverse CDF in token order: each thread owns a contiguous chunk; thread 0 walks the chunk sums.
-  const int64_t chunk = (vocab + blockDim.x - 1) / blockDim.x;
-  const int64_t begin = threadIdx.x * chunk;
-  const int64_t end = begin + chunk < vocab ? begin + chunk : vocab;
-  double chunk_mass = 0.0;
-  for (int64_t v = begin; v < end; ++v) {
-    if (KeyOf(row_probs[v]) >= keep_key && row_probs[v] > 0.0f) chunk_mass += row_probs[v];
-  }
-  shared_mass[threadIdx.x] = chunk_mass;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const double target = uniform01(seed, static_cast<uint64_t>(row_ids[b]), static_cast<uint64_t>(step_idx[b])) * kept_mass;
-    double cumulative = 0.0;
-    int64_t picked = best, last_kept = best;
-    bool found = false;
-    for (int c = 0; c < blockDim.x && !found; ++c) {
-      if (cumulative + shared_mass[c] <= target) {
-        cumulative += shared_mass[c];
-        continue;
-      }
-      const int64_t chunk_end = (c + 1) * chunk < vocab ? (c + 1) * chunk : vocab;
-      for (int64_t v = c * chunk; v < chunk_end; ++v) {
-        if (KeyOf(row_probs[v]) < keep_key || row_probs[v] <= 0.0f) continue;
-        cumulative += row_probs[v];
-        last_kept = v;
-        if (cumulative > target) {
-          picked = v;
-          found = true;
-          break;
-        }
-      }
-    }
-    if (!found) {  // rounding left the target past the end: take the last kept token
-      for (int64_t v = vocab - 1; v >= 0; --v) {
-        if (KeyOf(row_probs[v]) >= keep_key && row_probs[v] > 0.0f) {
-          last_kept = v;
-          break;
-        }
-      }
-      picked = last_kept;
-    }
-    tokens[b] = picked;
-  }
+  const double uniform = uniform01(seed, static_cast<uint64_t>(row_ids[b]), static_cast<uint64_t>(step_idx[b]));
+  const int64_t token = DrawKept(row_probs, vocab, keep_key, uniform, shared_mass);
+  if (threadIdx.x == 0) tokens[b] = token;
 }
 
 // ---- bookkeeping ----

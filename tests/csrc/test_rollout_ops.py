@@ -295,18 +295,19 @@ def test_the_cuda_kernels_run_without_a_race_under_thread_sanitizer():
 
 # A defect of each kind put into the sampling kernel, and what its sanitizer must report.
 BROKEN_KERNELS = {
-    "thread": ("  shared_mass[threadIdx.x] = chunk_mass;\n  __syncthreads();\n",  # no barrier before thread 0 reads
-               "  shared_mass[threadIdx.x] = chunk_mass;\n", "ThreadSanitizer: data race"),
-    "address": ("v < vocab; v += blockDim.x) {\n    if (row[v] != row[v]) {",  # one past the row
-                "v <= vocab; v += blockDim.x) {\n    if (row[v] != row[v]) {",
+    "thread": ("    if (lane == 0) shared[warp] = mass;\n    __syncthreads();\n",  # no barrier before the pieces are read
+               "    if (lane == 0) shared[warp] = mass;\n", "ThreadSanitizer: data race"),
+    "address": ("for (int64_t v = body + 4 * groups + lane; v < end; v += lanes)",  # one past each range
+                "for (int64_t v = body + 4 * groups + lane; v <= end; v += lanes)",
                 "AddressSanitizer: heap-buffer-overflow"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(BROKEN_KERNELS))
 def test_the_sanitizers_name_the_line_of_a_broken_sampling_kernel(name, tmp_path):
-    """The checks can fail: in a copy of csrc/ whose sampling kernel lacks a barrier it needs, or reads one
-    entry past a row's logits, the emulated run stops at the sanitizer's report, which names the line."""
+    """The checks can fail: in a copy of csrc/ whose sampling kernel lacks a barrier it needs (between the
+    warps' writes of their pieces' mass and every thread's reading them), or reads one entry past a range (the
+    last row's logits among them), the emulated run stops at the sanitizer's report, which names the line."""
     sanitizer(name)
     shutil.copytree(os.path.join(REPO_ROOT, "csrc", "gpu"), tmp_path / "gpu")
     shutil.copytree(os.path.join(REPO_ROOT, "csrc", "common"), tmp_path / "common")

@@ -1,10 +1,11 @@
 // The CUDA the rollout kernels use, emulated on the CPU, so that ../rollout_kernels.cu runs where no GPU is:
 // check_kernels.py --emulate compiles that file with g++ and this folder first on the include path, so
-// this header stands in for CUDA's. Every CUDA thread of a block is an OS thread, and __syncthreads() a
-// std::barrier of the block's threads: a kernel runs as it is written, barriers included, and under
-// ThreadSanitizer (--sanitize thread) a missing barrier shows as the race it lets through. A launch's threads
-// run its blocks one after the other, so `__shared__` arrays are plain statics. Only what the kernels use is
-// here; y and z of the indices are never set (the kernels use x alone).
+// this header stands in for CUDA's. Every CUDA thread of a block is an OS thread, __syncthreads() a
+// std::barrier of the block's threads, and a warp shuffle an exchange between two barriers of the warp's
+// threads: a kernel runs as it is written, barriers included, and under ThreadSanitizer (--sanitize thread)
+// a missing barrier shows as the race it lets through. A launch's threads run its blocks one after the
+// other, so `__shared__` arrays are plain statics. Only what the kernels use is here; y and z of the indices
+// are never set (the kernels use x alone).
 //
 // Why not a library: hipCPU and cuda4cpu do this job, but neither is on PyPI or in Debian, the only
 // package sources this project's machines reach.
@@ -14,6 +15,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -27,17 +29,30 @@
 
 using cudaStream_t = void*;
 
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+
 namespace cuda_emulation {
 
 struct Dim3 {
   unsigned int x = 0, y = 0, z = 0;
 };
 
-// What a thread of a running block shares with the others: its barrier, and __syncthreads_or's vote.
+constexpr int kWarpSize = 32;
+
+// What a thread of a running block shares with the others: its barrier, __syncthreads_or's vote, and its
+// warp's barrier and the values its warp's lanes exchange in a shuffle.
 struct Block {
-  explicit Block(int threads) : barrier(threads) {}
+  explicit Block(int threads) : barrier(threads), exchange(threads) {
+    for (int first = 0; first < threads; first += kWarpSize) {
+      warps.push_back(std::make_unique<std::barrier<>>(std::min(kWarpSize, threads - first)));
+    }
+  }
   std::barrier<> barrier;
   std::atomic<int> vote{0};
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  std::vector<uint64_t> exchange;
 };
 
 inline thread_local Block* current_block = nullptr;
@@ -59,6 +74,20 @@ inline int __syncthreads_or(int predicate) {
   if (threadIdx.x == 0) block.vote.store(0);
   block.barrier.arrive_and_wait();
   return any;
+}
+
+// `value` of the lane whose index is this lane's xor `lane_mask`: every lane of the warp writes its value,
+// meets the others at the warp's barrier, reads its partner's, and meets them again before any writes anew.
+template <typename T>
+T __shfl_xor_sync(unsigned int /*mask: every lane, as the kernels pass*/, T value, int lane_mask) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves at most 8 bytes");
+  cuda_emulation::Block& block = *cuda_emulation::current_block;
+  std::barrier<>& warp = *block.warps[threadIdx.x / cuda_emulation::kWarpSize];
+  std::memcpy(&block.exchange[threadIdx.x], &value, sizeof value);
+  warp.arrive_and_wait();
+  std::memcpy(&value, &block.exchange[threadIdx.x ^ static_cast<unsigned int>(lane_mask)], sizeof value);
+  warp.arrive_and_wait();
+  return value;
 }
 
 inline int atomicAdd(int32_t* address, int32_t value) {
@@ -98,6 +127,7 @@ auto Launch(void (*kernel)(Params...), int64_t blocks, int threads) {
           blockIdx.x = static_cast<unsigned int>(b);
           kernel(args...);
           current_block->barrier.arrive_and_drop();
+          current_block->warps[t / kWarpSize]->arrive_and_drop();
           block_done.arrive_and_wait();
         }
       });

@@ -138,7 +138,7 @@ class Kernels:
         device = [xp.asarray(logits, dtype=xp.float32), xp.empty((rows, vocab), xp.float32),
                   xp.asarray(temperature, xp.float32), xp.asarray(top_k, xp.int64), xp.asarray(top_p, xp.float32),
                   xp.asarray(step_idx, xp.int64), xp.asarray(row_ids, xp.int64)]
-        tokens = xp.empty(rows, xp.int64)
+        tokens = xp.full(rows, -2, xp.int64)  # no token, not even the -1 of a row with none: a launch that failed shows
         self.call("LaunchSample", *device, seed, tokens, rows, vocab)
         return self.host(tokens), device
 
@@ -213,14 +213,48 @@ def check_sampling(kernels, rng, vocab, settings=SAMPLING_SETTINGS):
     step_idx = rng.integers(0, 100, size=rows)
     row_ids = rng.permutation(100)[:rows]  # rows dropped from a batch keep their ids
     for temperature, top_k, top_p in settings:
-        per_row = [np.full(rows, v) for v in (temperature, top_k, top_p)]
-        got, _ = kernels.sample(logits, *per_row, step_idx, row_ids, seed=77)
-        expected = reference_sample(logits, *per_row, step_idx, 77, row_ids)
-        if not check(f"sampling at vocabulary {vocab}, temperature {temperature}, top_k {top_k}, top_p {top_p}", got,
-                     expected):
-            for b in np.nonzero(got != expected)[0]:
-                print("  " + explain_draw(logits[b], temperature, top_k, top_p, uniform01(77, int(row_ids[b]),
-                                                                                        int(step_idx[b])), got[b], expected[b]))
+        check_draws(f"sampling at vocabulary {vocab}, temperature {temperature}, top_k {top_k}, top_p {top_p}", kernels,
+                    logits, temperature, top_k, top_p, step_idx, row_ids, seed=77)
+
+
+def check_draws(label, kernels, logits, temperature, top_k, top_p, step_idx, row_ids, seed):
+    """One sampling call, every row in the same setting, against the reference; a mismatched row's draw is
+    explained."""
+    per_row = [np.full(len(logits), v) for v in (temperature, top_k, top_p)]
+    got, _ = kernels.sample(logits, *per_row, step_idx, row_ids, seed=seed)
+    expected = reference_sample(logits, *per_row, step_idx, seed, row_ids)
+    if not check(label, got, expected):
+        for b in np.nonzero(got != expected)[0]:
+            uniform = uniform01(seed, int(row_ids[b]), int(step_idx[b]))
+            print("  " + explain_draw(logits[b], temperature, top_k, top_p, uniform, got[b], expected[b]))
+
+
+def random_rows(rng, rows, vocab):
+    """Logits of one of four kinds: normal at a random scale, a few tied values, a sparse distribution
+    (probabilities down to subnormal and zero), normal with some entries -inf."""
+    kind = rng.integers(4)
+    if kind == 0:
+        return rng.normal(scale=rng.uniform(0.01, 8), size=(rows, vocab))
+    if kind == 1:
+        return rng.integers(0, 4, size=(rows, vocab)) * rng.uniform(0.1, 3)
+    if kind == 2:
+        return np.log(rng.dirichlet(np.full(vocab, 0.05), size=rows) + 1e-30)
+    logits = rng.normal(size=(rows, vocab))
+    logits[:, rng.integers(0, vocab, 3)] = -np.inf
+    return logits
+
+
+def check_sampling_at_random(kernels, rng, cases):
+    """Sampling on `cases` random batches: vocabularies from 2 to 4,000 (rows shorter than the draw's walk, and
+    rows not 16-byte aligned, among them), each with a random kind of logits and setting."""
+    for case in range(cases):
+        rows, vocab = 6, int(rng.integers(2, 4000))
+        logits = random_rows(rng, rows, vocab).astype(np.float32)
+        temperature, top_p = rng.choice([0.05, 0.5, 1.0, 1.7]), rng.choice([1.0, 0.99, 0.5, 0.1, 1e-6])
+        top_k = rng.choice([0, 1, 2, 7, vocab - 1, vocab, vocab + 3])
+        check_draws(f"random batch {case}: vocabulary {vocab}, temperature {temperature}, top_k {top_k}, top_p {top_p}",
+                    kernels, logits, temperature, top_k, top_p, rng.integers(0, 1000, rows), rng.integers(0, 1000, rows),
+                    seed=case)
 
 
 def explain_draw(row, temperature, top_k, top_p, uniform, got, expected):
@@ -319,6 +353,7 @@ def main():
     parser.add_argument("--rows", type=int, nargs="+", default=[16, 256], help="the batch sizes sampling is timed at")
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--repeats", type=int, default=50, help="timed calls per setting; 0: no timing")
+    parser.add_argument("--random-batches", type=int, default=30, help="random batches sampling is checked on")
     parser.add_argument("--emulate", action="store_true", help="run the kernels on the CPU (g++), not on a GPU")
     parser.add_argument("--sample-threads", type=int, help="the sampling kernel's threads a block, a power of two "
                         f"from 64 to 1024 (default: the kernel's 1024 on a GPU, {EMULATED_SAMPLE_THREADS} emulated)")
@@ -351,11 +386,12 @@ def main():
             threads = args.sample_threads or "the kernel's 1024"
             print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()} (sampling blocks of {threads} threads)")
         check_penalty(kernels, rng)
-        if args.sanitize == "thread":  # each barrier of 256 threads is slow under it: the settings that reach them
+        if args.sanitize == "thread":  # every barrier is slow under it: the settings that reach them all
             check_sampling(kernels, rng, args.vocab, [SAMPLING_SETTINGS[0], SAMPLING_SETTINGS[-1]])
         else:
-            for vocab in (50, args.vocab):
+            for vocab in (5, 50, args.vocab):
                 check_sampling(kernels, rng, vocab)
+            check_sampling_at_random(kernels, rng, args.random_batches)
         check_bookkeeping(kernels)
         if not args.emulate and args.repeats > 0:
             bandwidth = device_bandwidth(kernels.xp)

@@ -129,13 +129,138 @@ __device__ __forceinline__ uint32_t KeyOf(float p) { return __float_as_uint(p); 
 
 __device__ __forceinline__ bool Kept(float p, uint32_t keep_key) { return KeyOf(p) >= keep_key && p > 0.0f; }
 
-// The largest key K whose probabilities, those with a key >= max(K, floor_key), reach `target` (and are not
-// none) in count (kMass false: top-k's k-th largest, exactly) or in mass (top-p). Bit by bit from the top;
-// the sign bit of a probability is 0.
+// The block's largest `value`, in every thread. `shared`: one per warp.
+__device__ int BlockMax(int value, int* shared) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const int other = __shfl_xor_sync(0xffffffffu, value, offset);
+    value = other > value ? other : value;
+  }
+  if (threadIdx.x % kWarpSize == 0) shared[threadIdx.x / kWarpSize] = value;
+  __syncthreads();
+  int best = shared[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x) / kWarpSize; ++w) best = shared[w] > best ? shared[w] : best;
+  __syncthreads();
+  return best;
+}
+
+// The sum of `value` over this lane and the lanes above it in the warp.
+template <typename T>
+__device__ __forceinline__ T WarpSuffixSum(T value) {
+  const int lane = threadIdx.x % kWarpSize;
+  for (int offset = 1; offset < kWarpSize; offset *= 2) {
+    const T other = __shfl_down_sync(0xffffffffu, value, offset);
+    if (lane + offset < kWarpSize) value += other;
+  }
+  return value;
+}
+
+// A threshold's search: the exponent of the probabilities (bits 30-23 of their keys; the sign bit is 0) bit by
+// bit, then their significand (bits 22-0) in two rounds of histograms, of 12 bits then 11.
+constexpr int kSignificandBits = 23;
+constexpr int kFirstRoundBits = 12;
+using Units = unsigned long long;
+
+struct SearchScratch {  // in shared memory
+  Units bins[1 << kFirstRoundBits];
+  Units warp_units[kSampleWarps];
+  int warp_picks[kSampleWarps];
+  Units picked_above;
+};
+
+// A probability's part of its histogram bin: 1 (counting), or its significand as an integer (mass). Within one
+// exponent every probability is that integer times one power of two, so the bins' sums are exact, and the same
+// whatever order the atomic additions come in.
+template <bool kMass>
+__device__ __forceinline__ Units UnitsOf(uint32_t key) {
+  if (!kMass) return 1;
+  return (key & 0x7FFFFFu) | ((key >> kSignificandBits) != 0 ? 0x800000u : 0u);
+}
+
+// `above`, a measure, plus `units` of the exponent field `exponent`: a count, or units * 2^(exponent - 150)
+// (2^-149 for the field 0, subnormals).
 template <typename T, bool kMass>
-__device__ uint32_t SearchKey(const float* probs, int64_t vocab, uint32_t floor_key, T target, T* shared) {
+__device__ __forceinline__ T MeasureOf(T above, Units units, uint32_t exponent) {
+  if constexpr (kMass) {
+    return above + ldexp(static_cast<double>(units), static_cast<int>(exponent > 0 ? exponent : 1) - 150);
+  } else {
+    return above + static_cast<T>(units);
+  }
+}
+
+// The largest bin d of scratch->bins[0, bins) whose measure, with `above` and `above_units` and the bins above
+// d, reaches `target` and is not none (else, rounding only, 0), in every thread; scratch->picked_above is set
+// to `above_units` plus the units of the bins above d. Each thread owns bins / blockDim.x adjacent bins.
+template <typename T, bool kMass>
+__device__ int PickBin(SearchScratch* scratch, int bins, T above, Units above_units, uint32_t exponent, T target) {
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int per = bins / static_cast<int>(blockDim.x), first = static_cast<int>(threadIdx.x) * per;
+  Units own = 0;
+  for (int i = first; i < first + per; ++i) own += scratch->bins[i];
+  const Units through = WarpSuffixSum(own);  // this thread's bins and those of the lanes above it
+  if (lane == 0) scratch->warp_units[warp] = through;
+  __syncthreads();
+  Units higher = above_units + (through - own);
+  for (int w = warp + 1; w < static_cast<int>(blockDim.x) / kWarpSize; ++w) higher += scratch->warp_units[w];
+  int pick = -1;
+  Units pick_above = 0;
+  for (int i = first + per - 1; i >= first && pick < 0; --i) {
+    const T measure = MeasureOf<T, kMass>(above, higher + scratch->bins[i], exponent);
+    if (measure >= target && measure > 0) pick = i;
+    pick_above = higher;  // with no pick, thread 0 ends holding bin 0's
+    higher += scratch->bins[i];
+  }
+  const int best = BlockMax(pick, scratch->warp_picks);
+  if (best >= 0 ? pick == best : threadIdx.x == 0) scratch->picked_above = pick_above;
+  __syncthreads();
+  return best >= 0 ? best : 0;
+}
+
+// The significand of the threshold whose exponent field `key` holds: the probabilities of that exponent (and
+// >= floor_key) go into bins by their next 12 bits, the bin where the measure from the top reaches the target
+// is picked, and its probabilities into bins by their last 11 bits. The measure of the higher exponents is a
+// block sum (double for mass), that of the exponent's own probabilities exact units.
+template <typename T, bool kMass>
+__device__ uint32_t SearchSignificand(const float* probs, int64_t vocab, uint32_t floor_key, T target, uint32_t key,
+                                      T* shared, SearchScratch* scratch) {
+  const uint32_t exponent = key >> kSignificandBits, higher = (exponent + 1) << kSignificandBits;
+  T above = 0;
+  Units above_units = 0;
+  int shift = kSignificandBits;
+  for (int round = 0; round < 2; ++round) {
+    const int bits = round == 0 ? kFirstRoundBits : kSignificandBits - kFirstRoundBits, prefix = shift;
+    shift -= bits;
+    for (int i = threadIdx.x; i < (1 << bits); i += blockDim.x) scratch->bins[i] = 0;
+    __syncthreads();
+    T measure_above = 0;
+    ForEachEntry(probs, 0, vocab, threadIdx.x, blockDim.x, [&](int64_t, float p) {
+      const uint32_t k = KeyOf(p);
+      if (k < floor_key) return;
+      if ((k >> prefix) == (key >> prefix)) {
+        atomicAdd(&scratch->bins[(k >> shift) & ((1u << bits) - 1)], UnitsOf<kMass>(k));
+      } else if (round == 0 && k >= higher) {
+        measure_above += kMass ? static_cast<T>(p) : T(1);
+      }
+    });
+    if (round == 0) {
+      above = BlockSum<T>(measure_above, shared);  // its barriers complete the bins too
+    } else {
+      __syncthreads();
+    }
+    key |= static_cast<uint32_t>(PickBin<T, kMass>(scratch, 1 << bits, above, above_units, exponent, target)) << shift;
+    above_units = scratch->picked_above;
+    __syncthreads();  // every thread has read the bins and picked_above before the next round writes them
+  }
+  return key;
+}
+
+// The largest key K whose probabilities, those with a key >= max(K, floor_key), reach `target` (and are not
+// none) in count (kMass false: top-k's k-th largest, exactly) or in mass (top-p): the exponent bit by bit, a
+// pass over the row each, then the significand in two passes (SearchSignificand).
+template <typename T, bool kMass>
+__device__ uint32_t SearchKey(const float* probs, int64_t vocab, uint32_t floor_key, T target, T* shared,
+                              SearchScratch* scratch) {
   uint32_t key = 0;
-  for (int bit = 30; bit >= 0; --bit) {
+  for (int bit = 30; bit >= kSignificandBits; --bit) {
     const uint32_t candidate = key | (1u << bit);
     const uint32_t bound = candidate > floor_key ? candidate : floor_key;
     T measure = 0;
@@ -145,6 +270,7 @@ __device__ uint32_t SearchKey(const float* probs, int64_t vocab, uint32_t floor_
     measure = BlockSum<T>(measure, shared);
     if (measure >= target && measure > 0) key = candidate;
   }
+  key = SearchSignificand<T, kMass>(probs, vocab, floor_key, target, key, shared, scratch);
   return key > floor_key ? key : floor_key;
 }
 
@@ -191,6 +317,11 @@ __device__ int64_t DrawKept(const float* probs, int64_t vocab, uint32_t keep_key
   }
   int64_t token = -1, last_kept = -1;
   if (threadIdx.x == 0) {
+    if (target < 0.0) {  // a row of kWalkedEntries or fewer: never split
+      double total = 0.0;
+      for (int64_t v = begin; v < end; ++v) total += Kept(probs[v], keep_key) ? probs[v] : 0.0f;
+      target = uniform * total;
+    }
     for (int64_t v = begin; v < end && token < 0; ++v) {
       if (!Kept(probs[v], keep_key)) continue;
       cumulative += probs[v];
@@ -201,12 +332,15 @@ __device__ int64_t DrawKept(const float* probs, int64_t vocab, uint32_t keep_key
   return token >= 0 ? token : last_kept;
 }
 
-__global__ void SampleKernel(const float* logits, float* probs, const float* temperature, const int64_t* top_k,
-                             const float* top_p, const int64_t* step_idx, const int64_t* row_ids, uint64_t seed,
-                             int64_t* tokens, int64_t vocab) {
+// (The bound holds the kernel to the 64 registers a thread that a block of 1,024 may have: past them the
+// launch fails.)
+__global__ void __launch_bounds__(kSampleThreads)
+    SampleKernel(const float* logits, float* probs, const float* temperature, const int64_t* top_k, const float* top_p,
+                 const int64_t* step_idx, const int64_t* row_ids, uint64_t seed, int64_t* tokens, int64_t vocab) {
   __shared__ float shared_values[kSampleWarps];
   __shared__ int64_t shared_counts[kSampleWarps];
   __shared__ double shared_mass[kSampleWarps];
+  __shared__ SearchScratch search;
   const int64_t b = blockIdx.x;
   const float* row = logits + b * vocab;
   float* row_probs = probs + b * vocab;
@@ -241,7 +375,7 @@ __global__ void SampleKernel(const float* logits, float* probs, const float* tem
 
   uint32_t keep_key = 0;
   if (top_k[b] > 0 && top_k[b] < vocab) {
-    keep_key = SearchKey<int64_t, false>(row_probs, vocab, 0, top_k[b], shared_counts);
+    keep_key = SearchKey<int64_t, false>(row_probs, vocab, 0, top_k[b], shared_counts, &search);
   }
   if (top_p[b] < 1.0f) {
     double kept_mass = 0.0;
@@ -249,7 +383,8 @@ __global__ void SampleKernel(const float* logits, float* probs, const float* tem
       if (KeyOf(p) >= keep_key) kept_mass += p;
     });
     kept_mass = BlockSum<double>(kept_mass, shared_mass);
-    keep_key = SearchKey<double, true>(row_probs, vocab, keep_key, static_cast<double>(top_p[b]) * kept_mass, shared_mass);
+    const double target = static_cast<double>(top_p[b]) * kept_mass;
+    keep_key = SearchKey<double, true>(row_probs, vocab, keep_key, target, shared_mass, &search);
   }
   const double uniform = uniform01(seed, static_cast<uint64_t>(row_ids[b]), static_cast<uint64_t>(step_idx[b]));
   const int64_t token = DrawKept(row_probs, vocab, keep_key, uniform, shared_mass);

@@ -282,6 +282,8 @@ def test_the_cuda_kernels_match_numpy_emulated_on_the_cpu_and_stay_inside_their_
     result = run_check_kernels("--sanitize", "address")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "ok sampling at vocabulary 151936, temperature 1.3, top_k 20000, top_p 0.8" in result.stdout
+    assert "ok sampling at vocabulary 5, temperature 1.0, top_k 0, top_p 1.0" in result.stdout  # never split
+    assert "ok random batch 29: vocabulary" in result.stdout
     assert result.stdout.strip().splitlines()[-1] == "kernels_checked=4"
 
 

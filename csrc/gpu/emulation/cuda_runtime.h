@@ -25,6 +25,7 @@
 #define __device__ inline
 #define __host__
 #define __forceinline__
+#define __launch_bounds__(threads)
 #define __shared__ static
 
 using cudaStream_t = void*;
@@ -88,6 +89,23 @@ T __shfl_xor_sync(unsigned int /*mask: every lane, as the kernels pass*/, T valu
   std::memcpy(&value, &block.exchange[threadIdx.x ^ static_cast<unsigned int>(lane_mask)], sizeof value);
   warp.arrive_and_wait();
   return value;
+}
+
+// `value` of the lane `delta` above this one (this lane's own where there is none).
+template <typename T>
+T __shfl_down_sync(unsigned int /*mask: every lane, as the kernels pass*/, T value, unsigned int delta) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves at most 8 bytes");
+  cuda_emulation::Block& block = *cuda_emulation::current_block;
+  std::barrier<>& warp = *block.warps[threadIdx.x / cuda_emulation::kWarpSize];
+  std::memcpy(&block.exchange[threadIdx.x], &value, sizeof value);
+  warp.arrive_and_wait();
+  if (threadIdx.x % cuda_emulation::kWarpSize + delta < cuda_emulation::kWarpSize) std::memcpy(&value, &block.exchange[threadIdx.x + delta], sizeof value);
+  warp.arrive_and_wait();
+  return value;
+}
+
+inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long value) {
+  return std::atomic_ref<unsigned long long>(*address).fetch_add(value);
 }
 
 inline int atomicAdd(int32_t* address, int32_t value) {

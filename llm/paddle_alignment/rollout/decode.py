@@ -38,6 +38,11 @@ class SamplingConfig:
     top_k: int = 0
     greedy: bool = False
 
+    def penalizes(self, step):
+        """Whether rollout_token_penalty can change step `step`'s logits: a repetition penalty, or the end token
+        still masked before `min_dec_len` (every running row is at that step). Else it leaves them untouched."""
+        return self.repetition_penalty != 1.0 or step < self.min_dec_len
+
     @classmethod
     def from_args(cls, args, greedy=False):
         return cls(
@@ -166,9 +171,10 @@ def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: Sam
         logits = paddle.repeat_interleave(logits, copies, axis=0)
     length = 0  # of the longest response: every running row has taken each step so far
     for step in range(max_dec):
-        # The penalty op changes the logits in place: the policy's are kept for the log-probs.
-        policy_logits = logits.clone() if record_logprobs else None
-        ops.rollout_token_penalty(logits, running.history, running.step_idx, *running.penalties, eos_ids, no_banned)
+        policy_logits = logits
+        if sampling.penalizes(step):  # the op changes the logits in place: the policy's are kept for the log-probs
+            policy_logits = logits.clone() if record_logprobs else None
+            ops.rollout_token_penalty(logits, running.history, running.step_idx, *running.penalties, eos_ids, no_banned)
         tokens = ops.rollout_sample(logits, running.temperature, running.top_k, running.top_p, running.step_idx,
                                     running.row_ids, seed)
         refuse_unsampled(tokens, running, step)

@@ -148,6 +148,41 @@ def test_dropping_finished_rows_changes_no_token_and_no_logprob(ops, tiny_world,
     np.testing.assert_allclose(dropping[1].numpy() * mask, whole[1].numpy() * mask, rtol=1e-5, atol=1e-6)
 
 
+class CountingPenalties:
+    """The rollout ops, counting the calls of rollout_token_penalty."""
+
+    def __init__(self, ops):
+        self.ops, self.penalty_calls = ops, 0
+
+    def __getattr__(self, name):
+        return getattr(self.ops, name)
+
+    def rollout_token_penalty(self, *args):
+        self.penalty_calls += 1
+        return self.ops.rollout_token_penalty(*args)
+
+
+@pytest.mark.parametrize("repetition_penalty", [1.0, 1.3])
+def test_the_penalty_op_runs_only_on_steps_it_can_change(ops, tiny_world, tokenizer, monkeypatch, repetition_penalty):
+    """Without a repetition penalty the op runs only while min_dec_len masks the end token (its logits need no
+    copy otherwise); with one, at every step. Either way the tokens and log-probs are those of running it at
+    every step."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_world["random_model"])
+    model.eval()
+    prompts, mask = infer_utils.left_pad([item["input_ids"] for item in eval_items(tiny_world, tokenizer, 4)],
+                                         tokenizer.pad_token_id)
+    sampling = SamplingConfig(max_dec_len=8, min_dec_len=3, temperature=1.3, repetition_penalty=repetition_penalty)
+    counting = CountingPenalties(ops)
+    with paddle.no_grad():
+        skipping = infer_utils.decode_with_ops(counting, model, tokenizer, prompts, mask, sampling, 5, copies=2)
+        monkeypatch.setattr(SamplingConfig, "penalizes", lambda self, step: True)
+        every_step = infer_utils.decode_with_ops(ops, model, tokenizer, prompts, mask, sampling, 5, copies=2)
+    steps = skipping[0].shape[1]
+    assert steps > 3 and counting.penalty_calls == (3 if repetition_penalty == 1.0 else steps)
+    np.testing.assert_array_equal(skipping[0].numpy(), every_step[0].numpy())
+    np.testing.assert_array_equal(skipping[1].numpy(), every_step[1].numpy())
+
+
 @pytest.mark.parametrize("greedy", [False, True])
 def test_a_row_whose_logits_turn_nan_stops_the_rollout_naming_it(ops, tokenizer, tmp_path, greedy):
     # An untied tiny Llama whose embedding of a token only the second prompt holds is NaN: that prompt's rows

@@ -101,11 +101,13 @@ __device__ T BlockSum(T value, T* shared) {
   return total;
 }
 
-// Largest value, smallest index among equals (as std::max_element on the CPU), in every thread.
+// Whether `value` at `index` comes first in an argmax: larger, or equal at a smaller index (as
+// std::max_element on the CPU).
 __device__ __forceinline__ bool Precedes(float value, int64_t index, float other, int64_t other_index) {
   return value > other || (value == other && index < other_index);
 }
 
+// The block's largest value and the smallest index it has, in every thread. `shared_*`: one per warp.
 __device__ void BlockArgMax(float value, int64_t index, float* shared_values, int64_t* shared_indices,
                             float* best_value, int64_t* best_index) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
@@ -113,7 +115,10 @@ __device__ void BlockArgMax(float value, int64_t index, float* shared_values, in
     const int64_t other_index = __shfl_xor_sync(0xffffffffu, index, offset);
     if (Precedes(other, other_index, value, index)) value = other, index = other_index;
   }
-  if (threadIdx.x % kWarpSize == 0) shared_values[threadIdx.x / kWarpSize] = value, shared_indices[threadIdx.x / kWarpSize] = index;
+  if (threadIdx.x % kWarpSize == 0) {
+    shared_values[threadIdx.x / kWarpSize] = value;
+    shared_indices[threadIdx.x / kWarpSize] = index;
+  }
   __syncthreads();
   *best_value = shared_values[0], *best_index = shared_indices[0];
   for (int w = 1; w < static_cast<int>(blockDim.x) / kWarpSize; ++w) {
@@ -370,7 +375,8 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
 
   const float max_scaled = max_logit / t;
-  ForEachEntry(row, 0, vocab, threadIdx.x, blockDim.x, [&](int64_t v, float x) { row_probs[v] = expf(x / t - max_scaled); });
+  ForEachEntry(row, 0, vocab, threadIdx.x, blockDim.x,
+               [&](int64_t v, float x) { row_probs[v] = expf(x / t - max_scaled); });
   __syncthreads();
 
   uint32_t keep_key = 0;

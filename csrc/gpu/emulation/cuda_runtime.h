@@ -11,11 +11,11 @@
 // package sources this project's machines reach.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
-#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -77,31 +77,36 @@ inline int __syncthreads_or(int predicate) {
   return any;
 }
 
-// `value` of the lane whose index is this lane's xor `lane_mask`: every lane of the warp writes its value,
-// meets the others at the warp's barrier, reads its partner's, and meets them again before any writes anew.
+namespace cuda_emulation {
+
+// A warp shuffle: every lane of the warp writes `value`, meets the others at the warp's barrier, reads the
+// value of its warp's lane `source` (its own where there is no such lane), and meets them again before any
+// lane writes anew.
 template <typename T>
-T __shfl_xor_sync(unsigned int /*mask: every lane, as the kernels pass*/, T value, int lane_mask) {
+T Shuffle(T value, unsigned int source) {
   static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves at most 8 bytes");
-  cuda_emulation::Block& block = *cuda_emulation::current_block;
-  std::barrier<>& warp = *block.warps[threadIdx.x / cuda_emulation::kWarpSize];
+  Block& block = *current_block;
+  std::barrier<>& warp = *block.warps[threadIdx.x / kWarpSize];
   std::memcpy(&block.exchange[threadIdx.x], &value, sizeof value);
   warp.arrive_and_wait();
-  std::memcpy(&value, &block.exchange[threadIdx.x ^ static_cast<unsigned int>(lane_mask)], sizeof value);
+  if (source < static_cast<unsigned int>(kWarpSize)) {
+    std::memcpy(&value, &block.exchange[threadIdx.x - threadIdx.x % kWarpSize + source], sizeof value);
+  }
   warp.arrive_and_wait();
   return value;
 }
 
-// `value` of the lane `delta` above this one (this lane's own where there is none).
+}  // namespace cuda_emulation
+
+// (The mask is every lane, as the kernels pass it.)
 template <typename T>
-T __shfl_down_sync(unsigned int /*mask: every lane, as the kernels pass*/, T value, unsigned int delta) {
-  static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves at most 8 bytes");
-  cuda_emulation::Block& block = *cuda_emulation::current_block;
-  std::barrier<>& warp = *block.warps[threadIdx.x / cuda_emulation::kWarpSize];
-  std::memcpy(&block.exchange[threadIdx.x], &value, sizeof value);
-  warp.arrive_and_wait();
-  if (threadIdx.x % cuda_emulation::kWarpSize + delta < cuda_emulation::kWarpSize) std::memcpy(&value, &block.exchange[threadIdx.x + delta], sizeof value);
-  warp.arrive_and_wait();
-  return value;
+T __shfl_xor_sync(unsigned int /*mask*/, T value, int lane_mask) {
+  return cuda_emulation::Shuffle(value, threadIdx.x % cuda_emulation::kWarpSize ^ static_cast<unsigned int>(lane_mask));
+}
+
+template <typename T>
+T __shfl_down_sync(unsigned int /*mask*/, T value, unsigned int delta) {
+  return cuda_emulation::Shuffle(value, threadIdx.x % cuda_emulation::kWarpSize + delta);
 }
 
 inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long value) {

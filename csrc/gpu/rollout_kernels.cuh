@@ -279,23 +279,36 @@ __device__ uint32_t SearchKey(const float* probs, int64_t vocab, uint32_t floor_
   return key > floor_key ? key : floor_key;
 }
 
+// The length of the pieces of [begin, end) in the draw's split, one a warp: a multiple of 4 entries, so that
+// the pieces keep the row's alignment.
+__device__ __forceinline__ int64_t PieceLength(int64_t begin, int64_t end) {
+  const int warps = static_cast<int>(blockDim.x) / kWarpSize;
+  return ((end - begin + warps - 1) / warps + 3) / 4 * 4;
+}
+
 // The kept token where the kept mass, walked in token order, passes uniform * (the kept mass): the range is
 // split into one piece per warp, each warp sums its piece, and the piece where the running sum passes the
 // target (else, rounding only, the last piece with mass) is split again, down to kWalkedEntries entries that
-// thread 0 walks. Returns the token in thread 0. `shared`: one per warp.
-__device__ int64_t DrawKept(const float* probs, int64_t vocab, uint32_t keep_key, double uniform, double* shared) {
+// thread 0 walks. Returns the token in thread 0. `shared`: one per warp. `first_masses`, where given, are the
+// kept masses of the first split's pieces, one a warp, already summed.
+__device__ int64_t DrawKept(const float* probs, int64_t vocab, uint32_t keep_key, double uniform,
+                            const double* first_masses, double* shared) {
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int warps = static_cast<int>(blockDim.x) / kWarpSize;
   int64_t begin = 0, end = vocab;
   double cumulative = 0.0, target = -1.0;
   while (end - begin > kWalkedEntries) {
-    const int64_t piece = ((end - begin + warps - 1) / warps + 3) / 4 * 4;  // pieces keep the row's alignment
+    const int64_t piece = PieceLength(begin, end);
     const int64_t first = begin + warp * piece < end ? begin + warp * piece : end;
     double mass = 0.0;
-    ForEachEntry(probs, first, first + piece < end ? first + piece : end, lane, kWarpSize, [&](int64_t, float p) {
-      if (Kept(p, keep_key)) mass += p;
-    });
-    mass = WarpSum(mass);
+    if (target < 0.0 && first_masses != nullptr) {
+      mass = first_masses[warp];
+    } else {
+      ForEachEntry(probs, first, first + piece < end ? first + piece : end, lane, kWarpSize, [&](int64_t, float p) {
+        if (Kept(p, keep_key)) mass += p;
+      });
+      mass = WarpSum(mass);
+    }
     if (lane == 0) shared[warp] = mass;
     __syncthreads();
     if (target < 0.0) {  // the first split: its pieces' mass is the kept mass
@@ -345,6 +358,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   __shared__ float shared_values[kSampleWarps];
   __shared__ int64_t shared_counts[kSampleWarps];
   __shared__ double shared_mass[kSampleWarps];
+  __shared__ double piece_masses[kSampleWarps];  // of the exponentials, by the draw's first split
   __shared__ SearchScratch search;
   const int64_t b = blockIdx.x;
   const float* row = logits + b * vocab;
@@ -374,9 +388,19 @@ __global__ void __launch_bounds__(kSampleThreads)
     return;
   }
 
+  // The exponentials, each warp those of its piece of the draw's first split: where nothing is cut (top_k 0,
+  // top_p 1: RL's usual setting) their sums are that split's masses, and the draw need not read the row again.
   const float max_scaled = max_logit / t;
-  ForEachEntry(row, 0, vocab, threadIdx.x, blockDim.x,
-               [&](int64_t v, float x) { row_probs[v] = expf(x / t - max_scaled); });
+  const int64_t piece = PieceLength(0, vocab), first = threadIdx.x / kWarpSize * piece;
+  const int64_t last = first + piece < vocab ? first + piece : vocab;
+  double exp_mass = 0.0;
+  ForEachEntry(row, first < vocab ? first : vocab, last, threadIdx.x % kWarpSize, kWarpSize, [&](int64_t v, float x) {
+    const float p = expf(x / t - max_scaled);
+    row_probs[v] = p;
+    exp_mass += p;
+  });
+  exp_mass = WarpSum(exp_mass);
+  if (threadIdx.x % kWarpSize == 0) piece_masses[threadIdx.x / kWarpSize] = exp_mass;
   __syncthreads();
 
   uint32_t keep_key = 0;
@@ -393,7 +417,8 @@ __global__ void __launch_bounds__(kSampleThreads)
     keep_key = SearchKey<double, true>(row_probs, vocab, keep_key, target, shared_mass, &search);
   }
   const double uniform = uniform01(seed, static_cast<uint64_t>(row_ids[b]), static_cast<uint64_t>(step_idx[b]));
-  const int64_t token = DrawKept(row_probs, vocab, keep_key, uniform, shared_mass);
+  const double* first_masses = keep_key == 0 ? piece_masses : nullptr;  // nothing cut: every p > 0 is kept
+  const int64_t token = DrawKept(row_probs, vocab, keep_key, uniform, first_masses, shared_mass);
   if (threadIdx.x == 0) tokens[b] = token;
 }
 

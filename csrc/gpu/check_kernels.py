@@ -2,19 +2,20 @@
 each launcher run on random inputs against the NumPy references (csrc/rollout_reference.py: the semantics of
 csrc/README.md and the same counter-based draws as the CPU ops).
 
-    python csrc/gpu/check_kernels.py [--rows 16] [--vocab 151936] [--repeats 50]        # on a GPU
+    python csrc/gpu/check_kernels.py [--rows 16 256] [--vocab 151936] [--repeats 50]    # on a GPU
     python csrc/gpu/check_kernels.py --emulate [--sanitize thread|address] [--vocab N]   # on the CPU
 
 On a GPU (nvcc, CuPy and a CUDA device: the lent GPU machine has them, and no Paddle) nvcc builds it, the
 launchers run on CuPy arrays, and the sampling kernel is timed against the device's memory bandwidth. With
 --emulate g++ builds the same file against emulation/cuda_runtime.h, which runs every CUDA thread of a block
-as an OS thread and __syncthreads() as a barrier of them, and the launchers run on NumPy arrays: the kernels'
-arithmetic, indexing and barriers as written, without a GPU's timing, warps or floating-point library.
---sanitize thread runs it under ThreadSanitizer, which reports two threads of a block touching the same
-memory with no barrier between them; --sanitize address under AddressSanitizer, which reports a read or
-write outside the arrays. Prints one line per check and `kernels_checked=<n>` last; runs every check and exits
-non-zero if any mismatched (66 at a sanitizer's report, which stops the run). tests/csrc/test_rollout_ops.py runs it emulated everywhere,
-and on a GPU where there is one."""
+as an OS thread, __syncthreads() as a barrier of them and a warp shuffle as an exchange between the warp's
+threads, and the launchers run on NumPy arrays: the kernels' arithmetic, indexing and barriers as written,
+without a GPU's timing, lockstep or floating-point library. --sanitize thread runs it under ThreadSanitizer,
+which reports two threads of a block touching the same memory with no barrier between them; --sanitize
+address under AddressSanitizer, which reports a read or write outside the arrays. Sampling is checked in
+fixed settings and on --random-batches random batches. Prints one line per check and `kernels_checked=<n>`
+last; runs every check and exits non-zero if any mismatched (66 at a sanitizer's report, which stops the
+run). tests/csrc/test_rollout_ops.py runs it emulated everywhere, and on a GPU where there is one."""
 
 import argparse
 import ctypes

@@ -31,6 +31,11 @@ void CheckRowVector(const paddle::Tensor& t, int64_t rows, const char* name) {
 
 #ifdef ROLLOUT_OPS_WITH_CUDA
 void* StreamOf(const paddle::Tensor& t) { return static_cast<void*>(t.stream()); }
+
+// A launcher's answer (gpu/rollout_launchers.h): a kernel that did not launch wrote nothing, so the op stops.
+void CheckLaunch(const char* error, const char* op) {
+  PD_CHECK(error == nullptr, op, ": its CUDA kernel did not launch: ", error == nullptr ? "" : error);
+}
 #endif
 
 // ---- rollout_token_penalty ---------------------------------------------------------------------
@@ -79,11 +84,13 @@ void TokenPenalty(const paddle::Tensor& logits, const paddle::Tensor& history, c
 #ifdef ROLLOUT_OPS_WITH_CUDA
   if (logits.is_gpu()) {
     auto counts = paddle::empty({rows, vocab}, paddle::DataType::INT32, logits.place());
-    rollout::LaunchTokenPenalty(out, counts.data<int32_t>(), history.data<int64_t>(), step_idx.data<int64_t>(),
-                                repetition_penalty.data<float>(), frequency_penalty.data<float>(),
-                                presence_penalty.data<float>(), min_len.data<int64_t>(), eos_ids.data<int64_t>(),
-                                eos_ids.numel(), banned_ids.data<int64_t>(), banned_ids.numel(), rows, vocab,
-                                history_len, StreamOf(logits));
+    CheckLaunch(rollout::LaunchTokenPenalty(out, counts.data<int32_t>(), history.data<int64_t>(),
+                                            step_idx.data<int64_t>(), repetition_penalty.data<float>(),
+                                            frequency_penalty.data<float>(), presence_penalty.data<float>(),
+                                            min_len.data<int64_t>(), eos_ids.data<int64_t>(), eos_ids.numel(),
+                                            banned_ids.data<int64_t>(), banned_ids.numel(), rows, vocab, history_len,
+                                            StreamOf(logits)),
+                "rollout_token_penalty");
     return;
   }
 #endif
@@ -233,10 +240,11 @@ std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits, const paddle::T
 #ifdef ROLLOUT_OPS_WITH_CUDA
   if (logits.is_gpu()) {
     auto workspace = paddle::empty({rows, vocab}, paddle::DataType::FLOAT32, logits.place());
-    rollout::LaunchSample(logits.data<float>(), workspace.data<float>(), temperature.data<float>(),
-                          top_k.data<int64_t>(), top_p.data<float>(), step_idx.data<int64_t>(),
-                          row_ids.data<int64_t>(), static_cast<uint64_t>(seed), tokens.data<int64_t>(), rows, vocab,
-                          StreamOf(logits));
+    CheckLaunch(rollout::LaunchSample(logits.data<float>(), workspace.data<float>(), temperature.data<float>(),
+                                      top_k.data<int64_t>(), top_p.data<float>(), step_idx.data<int64_t>(),
+                                      row_ids.data<int64_t>(), static_cast<uint64_t>(seed), tokens.data<int64_t>(),
+                                      rows, vocab, StreamOf(logits)),
+                "rollout_sample");
     return {tokens};
   }
 #endif
@@ -264,8 +272,9 @@ void SaveStep(const paddle::Tensor& history, const paddle::Tensor& step_idx, con
   auto* steps = const_cast<int64_t*>(step_idx.data<int64_t>());
 #ifdef ROLLOUT_OPS_WITH_CUDA
   if (history.is_gpu()) {
-    rollout::LaunchSaveStep(hist, steps, tokens.data<int64_t>(), stop_flags.data<bool>(), rows, history_len,
-                            StreamOf(history));
+    CheckLaunch(rollout::LaunchSaveStep(hist, steps, tokens.data<int64_t>(), stop_flags.data<bool>(), rows,
+                                        history_len, StreamOf(history)),
+                "rollout_save_step");
     return;
   }
 #endif
@@ -290,8 +299,10 @@ std::vector<paddle::Tensor> UpdateStop(const paddle::Tensor& tokens, const paddl
 #ifdef ROLLOUT_OPS_WITH_CUDA
   if (tokens.is_gpu()) {
     auto any_running = paddle::empty({1}, paddle::DataType::BOOL, tokens.place());
-    rollout::LaunchUpdateStop(toks, flags, step_idx.data<int64_t>(), eos_ids.data<int64_t>(), eos_ids.numel(),
-                              max_dec_len, pad_id, any_running.data<bool>(), rows, StreamOf(tokens));
+    CheckLaunch(rollout::LaunchUpdateStop(toks, flags, step_idx.data<int64_t>(), eos_ids.data<int64_t>(),
+                                          eos_ids.numel(), max_dec_len, pad_id, any_running.data<bool>(), rows,
+                                          StreamOf(tokens)),
+                "rollout_update_stop");
     // The loop's one host synchronisation per step: whether any row still runs.
     return {any_running.copy_to(paddle::CPUPlace(), true)};
   }

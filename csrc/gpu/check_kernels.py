@@ -107,7 +107,7 @@ def launchers(library):
         if len(mangled) != 1:
             raise RuntimeError(f"{name}: expected one symbol in {library}, found {mangled}")
         function = getattr(loaded, mangled[0])
-        function.argtypes, function.restype = argtypes, None
+        function.argtypes, function.restype = argtypes, ctypes.c_char_p  # nullptr, or why it did not launch
         functions[name] = function
     return functions
 
@@ -125,13 +125,17 @@ class Kernels:
         return self.xp.asnumpy(array)
 
     def call(self, name, *args):
-        """Run launcher `name` on `args` (arrays of `xp` pass as pointers) and wait for it."""
-        self.run(self.functions[name], [self.pointer(a) if isinstance(a, self.xp.ndarray) else a for a in args])
+        """Run launcher `name` on `args` (arrays of `xp` pass as pointers) and wait for it; stop if its kernel
+        did not launch."""
+        error = self.run(self.functions[name], [self.pointer(a) if isinstance(a, self.xp.ndarray) else a for a in args])
+        if error is not None:
+            sys.exit(f"{name}: its kernel did not launch: {error.decode()}")
 
     def run(self, launcher, values):
         stream = self.xp.cuda.get_current_stream()
-        launcher(*values, stream.ptr)
+        error = launcher(*values, stream.ptr)
         stream.synchronize()
+        return error
 
     def sample(self, logits, temperature, top_k, top_p, step_idx, row_ids, seed):
         xp = self.xp
@@ -158,7 +162,7 @@ class EmulatedKernels(Kernels):
         return np.array(array)
 
     def run(self, launcher, values):
-        launcher(*values, None)
+        return launcher(*values, None)
 
 
 MISMATCHES = []  # the labels of the checks that failed: the run goes on, so one run shows every failure

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 import numpy as np
 import paddle
@@ -256,6 +257,34 @@ def test_the_cuda_kernels_build_into_a_library_with_every_launcher(tmp_path):
         required("nvcc", "nvcc is not installed")
     functions = check_kernels.launchers(check_kernels.build_library(str(tmp_path), "sm_90"))
     assert sorted(functions) == sorted(check_kernels.LAUNCHERS)
+
+
+def test_the_ops_gpu_glue_compiles_against_paddles_headers_but_for_the_stream():
+    """rollout_ops.cc with ROLLOUT_OPS_WITH_CUDA (the ops' calls of the launchers and the checks of what they
+    return), which no GPU build has compiled yet, type-checked by g++ against the Paddle headers installed here:
+    the CPU build's, which declare Tensor::stream() only for a CUDA build (whose other headers need CUDA's
+    libraries), so that is the one error allowed."""
+    if shutil.which("g++") is None:
+        required("g++", "g++ is not installed")
+    include = os.path.join(os.path.dirname(paddle.__file__), "include")
+    command = ["g++", "-fsyntax-only", "-std=c++17", "-DROLLOUT_OPS_WITH_CUDA", "-I", os.path.join(REPO_ROOT, "csrc"),
+               "-I", include, "-I", os.path.join(include, "third_party"), "-I", sysconfig.get_paths()["include"],
+               os.path.join(REPO_ROOT, "csrc", "rollout_ops.cc")]
+    errors = [line for line in subprocess.run(command, capture_output=True, text=True).stderr.splitlines()
+              if ": error:" in line]
+    assert len(errors) == 1 and "no member named" in errors[0] and "stream" in errors[0], "\n".join(errors)
+
+
+def test_a_kernel_that_does_not_launch_is_reported_not_passed_over(tmp_path):
+    """A launch a GPU refuses (here sampling blocks of 2,048 threads, over CUDA's 1,024; emulated) writes nothing:
+    its launcher returns CUDA's reason, which the check stops on, as the Paddle ops do (rollout_ops.cc)."""
+    if shutil.which("g++") is None:
+        required("g++", "g++ is not installed")
+    kernels = check_kernels.EmulatedKernels(
+        check_kernels.launchers(check_kernels.build_emulated_library(str(tmp_path), sample_threads=2048)))
+    rows = np.ones(2)
+    with pytest.raises(SystemExit, match="LaunchSample: its kernel did not launch: invalid configuration argument"):
+        kernels.sample(np.zeros((2, 50), np.float32), rows, rows * 0, rows, rows * 0, np.arange(2), seed=1)
 
 
 CHECK_KERNELS = os.path.join(REPO_ROOT, "csrc", "gpu", "check_kernels.py")

@@ -30,6 +30,20 @@
 
 using cudaStream_t = void*;
 
+// A launch's outcome, as CUDA reports it: the last error, cleared when read.
+enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidConfiguration = 9 };
+inline thread_local cudaError_t last_launch_error = cudaSuccess;
+
+inline cudaError_t cudaGetLastError() {
+  const cudaError_t error = last_launch_error;
+  last_launch_error = cudaSuccess;
+  return error;
+}
+
+inline const char* cudaGetErrorString(cudaError_t error) {
+  return error == cudaSuccess ? "no error" : "invalid configuration argument";
+}
+
 struct alignas(16) float4 {
   float x, y, z, w;
 };
@@ -41,6 +55,7 @@ struct Dim3 {
 };
 
 constexpr int kWarpSize = 32;
+constexpr int kMaxThreads = 1024;  // a block's, on every GPU CUDA supports
 
 // What a thread of a running block shares with the others: its barrier, __syncthreads_or's vote, and its
 // warp's barrier and the values its warp's lanes exchange in a shuffle.
@@ -133,10 +148,15 @@ namespace cuda_emulation {
 
 // kernel<<<blocks, threads>>>(args...) on the CPU: `threads` OS threads run the blocks one after the other,
 // all of them one block before any the next. A thread that leaves the kernel drops out of its block's
-// barrier, as a GPU's exited threads stop counting at __syncthreads().
+// barrier, as a GPU's exited threads stop counting at __syncthreads(). A configuration a GPU refuses (more
+// than 1,024 threads a block, no block) runs nothing and leaves the error for cudaGetLastError().
 template <typename... Params>
 auto Launch(void (*kernel)(Params...), int64_t blocks, int threads) {
   return [=](auto... args) {
+    if (threads < 1 || threads > kMaxThreads || blocks < 1) {  // as a GPU refuses it: nothing runs
+      last_launch_error = cudaErrorInvalidConfiguration;
+      return;
+    }
     std::vector<std::unique_ptr<Block>> grid;
     for (int64_t b = 0; b < blocks; ++b) grid.push_back(std::make_unique<Block>(threads));
     std::barrier<> block_done(threads);

@@ -6,17 +6,19 @@ the comparison in csrc/README.md ("The CUDA kernels on a GPU").
 What it times is what Hugging Face's `TopKLogitsWarper` and `TopPLogitsWarper` and then `torch.multinomial`
 do, and so TRL's and transformers' `generate(do_sample=True)`: the k-th largest logit by `torch.topk`, a
 sort of each row for top-p, softmax, cumulative sum, the mask scattered back, and a draw. Logits are float32,
-normal with scale 4 as in check_kernels.py, temperature 1. It needs PyTorch, not Paddle (a GPU machine with
-CUDA and PyTorch has what it needs; on the CPU, `--device cpu`); CI does not run it.
+normal with scale 4 as in check_kernels.py, temperature 1. It needs PyTorch and NumPy, not Paddle (a GPU
+machine with CUDA and PyTorch has them; on the CPU, `--device cpu`); CI does not run it.
 """
 
 import argparse
+import os
+import sys
 import time
 
 import torch
 
-# (top_k, top_p), as check_kernels.py's TIMED_SETTINGS.
-SETTINGS = [(0, 1.0), (0, 0.9), (50, 0.95)]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc", "gpu"))
+from check_kernels import TIMED_SETTINGS  # noqa: E402  (top_k, top_p) of the CUDA kernel's timings
 
 
 def sample(logits, top_k, top_p):
@@ -55,7 +57,7 @@ def main():
     generator = torch.Generator(device="cpu").manual_seed(0)
     for rows in args.rows:
         logits = (torch.randn(rows, args.vocab, generator=generator) * 4).to(args.device)
-        for top_k, top_p in SETTINGS:
+        for top_k, top_p in TIMED_SETTINGS:
             milliseconds = milliseconds_per_call(logits, top_k, top_p, args.repeats)
             print(f"torch sampling {rows} x {args.vocab}, top_k {top_k}, top_p {top_p}: {milliseconds:.3f} ms")
 

@@ -168,15 +168,21 @@ class EmulatedKernels(Kernels):
 MISMATCHES = []  # the labels of the checks that failed: the run goes on, so one run shows every failure
 
 
-def check(label, got, expected):
-    """Exact equality of `got` and `expected`; a mismatch is printed and counted, and the checks go on."""
-    got, expected = np.asarray(got), np.asarray(expected)
-    if np.array_equal(got, expected):
+def record(label, passed, detail):
+    """Print the outcome of check `label` (with `detail` where it failed) and count a failure; the checks go on."""
+    if passed:
         print(f"ok {label}")
-        return True
-    print(f"MISMATCH {label}: {int(np.sum(got != expected))} of {expected.size} entries differ")
-    MISMATCHES.append(label)
-    return False
+    else:
+        print(f"MISMATCH {label}: {detail}")
+        MISMATCHES.append(label)
+    return passed
+
+
+def check(label, got, expected):
+    """Exact equality of `got` and `expected`."""
+    got, expected = np.asarray(got), np.asarray(expected)
+    equal = np.array_equal(got, expected)
+    return record(label, equal, "" if equal else f"{int(np.sum(got != expected))} of {expected.size} entries differ")
 
 
 def check_penalty(kernels, rng):
@@ -196,11 +202,8 @@ def check_penalty(kernels, rng):
                  len(banned), rows, vocab, history_len)
     label = "token penalty (repetition, frequency, presence, min length, banned ids, ids outside the vocabulary)"
     got = kernels.host(device)
-    if np.allclose(got, expected, rtol=1e-6, atol=1e-6, equal_nan=True):
-        print(f"ok {label}")
-    else:
-        print(f"MISMATCH {label}: largest difference {np.nanmax(np.abs(got - expected))}")
-        MISMATCHES.append(label)
+    close = np.allclose(got, expected, rtol=1e-6, atol=1e-6, equal_nan=True)
+    record(label, close, "" if close else f"largest difference {np.nanmax(np.abs(got - expected))}")
 
 
 # (temperature, top_k, top_p) of the sampling checks; the first reaches every barrier of the kernel (both
@@ -364,7 +367,7 @@ def main():
                         f"from 64 to 1024 (default: the kernel's 1024 on a GPU, {EMULATED_SAMPLE_THREADS} emulated)")
     parser.add_argument("--sanitize", choices=sorted(SANITIZERS),
                         help="with --emulate: under ThreadSanitizer (races between a block's threads; it slows "
-                             "every barrier of a block's 256 threads, so sampling runs at --vocab only, a small one, "
+                             "every barrier of a block's threads, so sampling runs at --vocab only, a small one, "
                              "in the settings that reach every barrier and greedy) or AddressSanitizer (reads and "
                              "writes outside the arrays)")
     args = parser.parse_args()

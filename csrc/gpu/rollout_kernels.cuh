@@ -82,24 +82,44 @@ __device__ __forceinline__ void ForEachEntry(const float* row, int64_t begin, in
   for (int64_t v = body + 4 * groups + lane; v < end; v += lanes) visit(v, row[v]);
 }
 
-// The warp's sum, the same in every lane (each lane adds the same pairs, commuted).
-template <typename T>
-__device__ __forceinline__ T WarpSum(T value) {
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+struct Plus {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a + b; }
+};
+
+struct Max {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return b > a ? b : a; }
+};
+
+// The warp's reduction by the commutative `op`, the same in every lane (each lane combines the same pairs,
+// commuted).
+template <typename T, typename Op>
+__device__ __forceinline__ T WarpReduce(T value, Op op) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    value = op(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  }
   return value;
 }
 
-// The block's sum, the same in every thread: each warp's, then the warps' in order. `shared`: one per warp.
-template <typename T>
-__device__ T BlockSum(T value, T* shared) {
-  value = WarpSum(value);
+// The block's reduction by `op`, the same in every thread: each warp's, then the warps' in order. `shared`:
+// one per warp.
+template <typename T, typename Op>
+__device__ T BlockReduce(T value, T* shared, Op op) {
+  value = WarpReduce(value, op);
   if (threadIdx.x % kWarpSize == 0) shared[threadIdx.x / kWarpSize] = value;
   __syncthreads();
-  T total = 0;
-  for (int w = 0; w < static_cast<int>(blockDim.x) / kWarpSize; ++w) total += shared[w];
+  T total = shared[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x) / kWarpSize; ++w) total = op(total, shared[w]);
   __syncthreads();  // every thread has read `shared` before the next call writes it
   return total;
 }
+
+template <typename T>
+__device__ __forceinline__ T WarpSum(T value) { return WarpReduce(value, Plus()); }
+
+template <typename T>
+__device__ T BlockSum(T value, T* shared) { return BlockReduce(value, shared, Plus()); }
 
 // Whether `value` at `index` comes first in an argmax: larger, or equal at a smaller index (as
 // std::max_element on the CPU).
@@ -134,20 +154,6 @@ __device__ __forceinline__ uint32_t KeyOf(float p) { return __float_as_uint(p); 
 
 __device__ __forceinline__ bool Kept(float p, uint32_t keep_key) { return KeyOf(p) >= keep_key && p > 0.0f; }
 
-// The block's largest `value`, in every thread. `shared`: one per warp.
-__device__ int BlockMax(int value, int* shared) {
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    const int other = __shfl_xor_sync(0xffffffffu, value, offset);
-    value = other > value ? other : value;
-  }
-  if (threadIdx.x % kWarpSize == 0) shared[threadIdx.x / kWarpSize] = value;
-  __syncthreads();
-  int best = shared[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x) / kWarpSize; ++w) best = shared[w] > best ? shared[w] : best;
-  __syncthreads();
-  return best;
-}
-
 // The sum of `value` over this lane and the lanes above it in the warp.
 template <typename T>
 __device__ __forceinline__ T WarpSuffixSum(T value) {
@@ -171,6 +177,12 @@ struct SearchScratch {  // in shared memory
   int warp_picks[kSampleWarps];
   Units picked_above;
 };
+
+// A probability's part of a measure: 1 (counting) or itself (mass).
+template <typename T, bool kMass>
+__device__ __forceinline__ T Weight(float p) {
+  return kMass ? static_cast<T>(p) : T(1);
+}
 
 // A probability's part of its histogram bin: 1 (counting), or its significand as an integer (mass). Within one
 // exponent every probability is that integer times one power of two, so the bins' sums are exact, and the same
@@ -214,7 +226,7 @@ __device__ int PickBin(SearchScratch* scratch, int bins, T above, Units above_un
     pick_above = higher;  // with no pick, thread 0 ends holding bin 0's
     higher += scratch->bins[i];
   }
-  const int best = BlockMax(pick, scratch->warp_picks);
+  const int best = BlockReduce(pick, scratch->warp_picks, Max());
   if (best >= 0 ? pick == best : threadIdx.x == 0) scratch->picked_above = pick_above;
   __syncthreads();
   return best >= 0 ? best : 0;
@@ -243,7 +255,7 @@ __device__ uint32_t SearchSignificand(const float* probs, int64_t vocab, uint32_
       if ((k >> prefix) == (key >> prefix)) {
         atomicAdd(&scratch->bins[(k >> shift) & ((1u << bits) - 1)], UnitsOf<kMass>(k));
       } else if (round == 0 && k >= higher) {
-        measure_above += kMass ? static_cast<T>(p) : T(1);
+        measure_above += Weight<T, kMass>(p);
       }
     });
     if (round == 0) {
@@ -270,7 +282,7 @@ __device__ uint32_t SearchKey(const float* probs, int64_t vocab, uint32_t floor_
     const uint32_t bound = candidate > floor_key ? candidate : floor_key;
     T measure = 0;
     ForEachEntry(probs, 0, vocab, threadIdx.x, blockDim.x, [&](int64_t, float p) {
-      if (KeyOf(p) >= bound) measure += kMass ? static_cast<T>(p) : T(1);
+      if (KeyOf(p) >= bound) measure += Weight<T, kMass>(p);
     });
     measure = BlockSum<T>(measure, shared);
     if (measure >= target && measure > 0) key = candidate;
@@ -279,11 +291,16 @@ __device__ uint32_t SearchKey(const float* probs, int64_t vocab, uint32_t floor_
   return key > floor_key ? key : floor_key;
 }
 
-// The length of the pieces of [begin, end) in the draw's split, one a warp: a multiple of 4 entries, so that
-// the pieces keep the row's alignment.
-__device__ __forceinline__ int64_t PieceLength(int64_t begin, int64_t end) {
+// The draw's split of [begin, end) into one piece a warp, each a multiple of 4 entries long (so that the pieces
+// keep the row's alignment): the length of a piece, and this thread's warp's piece [*first, *last), empty past
+// the end.
+__device__ __forceinline__ int64_t WarpPiece(int64_t begin, int64_t end, int64_t* first, int64_t* last) {
   const int warps = static_cast<int>(blockDim.x) / kWarpSize;
-  return ((end - begin + warps - 1) / warps + 3) / 4 * 4;
+  const int64_t piece = ((end - begin + warps - 1) / warps + 3) / 4 * 4;
+  const int64_t start = begin + static_cast<int64_t>(threadIdx.x / kWarpSize) * piece;
+  *first = start < end ? start : end;
+  *last = start + piece < end ? start + piece : end;
+  return piece;
 }
 
 // The kept token where the kept mass, walked in token order, passes uniform * (the kept mass): the range is
@@ -298,13 +315,13 @@ __device__ int64_t DrawKept(const float* probs, int64_t vocab, uint32_t keep_key
   int64_t begin = 0, end = vocab;
   double cumulative = 0.0, target = -1.0;
   while (end - begin > kWalkedEntries) {
-    const int64_t piece = PieceLength(begin, end);
-    const int64_t first = begin + warp * piece < end ? begin + warp * piece : end;
+    int64_t first, last;
+    const int64_t piece = WarpPiece(begin, end, &first, &last);
     double mass = 0.0;
     if (target < 0.0 && first_masses != nullptr) {
       mass = first_masses[warp];
     } else {
-      ForEachEntry(probs, first, first + piece < end ? first + piece : end, lane, kWarpSize, [&](int64_t, float p) {
+      ForEachEntry(probs, first, last, lane, kWarpSize, [&](int64_t, float p) {
         if (Kept(p, keep_key)) mass += p;
       });
       mass = WarpSum(mass);
@@ -391,10 +408,10 @@ __global__ void __launch_bounds__(kSampleThreads)
   // The exponentials, each warp those of its piece of the draw's first split: where nothing is cut (top_k 0,
   // top_p 1: RL's usual setting) their sums are that split's masses, and the draw need not read the row again.
   const float max_scaled = max_logit / t;
-  const int64_t piece = PieceLength(0, vocab), first = threadIdx.x / kWarpSize * piece;
-  const int64_t last = first + piece < vocab ? first + piece : vocab;
+  int64_t first, last;
+  WarpPiece(0, vocab, &first, &last);
   double exp_mass = 0.0;
-  ForEachEntry(row, first < vocab ? first : vocab, last, threadIdx.x % kWarpSize, kWarpSize, [&](int64_t v, float x) {
+  ForEachEntry(row, first, last, threadIdx.x % kWarpSize, kWarpSize, [&](int64_t v, float x) {
     const float p = expf(x / t - max_scaled);
     row_probs[v] = p;
     exp_mass += p;

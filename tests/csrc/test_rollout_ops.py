@@ -259,13 +259,18 @@ def test_the_cuda_kernels_build_into_a_library_with_every_launcher(tmp_path):
     assert sorted(functions) == sorted(check_kernels.LAUNCHERS)
 
 
+def needs_gxx():
+    """Skip (fail in CI) where g++ is missing."""
+    if shutil.which("g++") is None:
+        required("g++", "g++ is not installed")
+
+
 def test_the_ops_gpu_glue_compiles_against_paddles_headers_but_for_the_stream():
     """rollout_ops.cc with ROLLOUT_OPS_WITH_CUDA (the ops' calls of the launchers and the checks of what they
     return), which no GPU build has compiled yet, type-checked by g++ against the Paddle headers installed here:
     the CPU build's, which declare Tensor::stream() only for a CUDA build (whose other headers need CUDA's
     libraries), so that is the one error allowed."""
-    if shutil.which("g++") is None:
-        required("g++", "g++ is not installed")
+    needs_gxx()
     include = os.path.join(os.path.dirname(paddle.__file__), "include")
     command = ["g++", "-fsyntax-only", "-std=c++17", "-DROLLOUT_OPS_WITH_CUDA", "-I", os.path.join(REPO_ROOT, "csrc"),
                "-I", include, "-I", os.path.join(include, "third_party"), "-I", sysconfig.get_paths()["include"],
@@ -278,8 +283,7 @@ def test_the_ops_gpu_glue_compiles_against_paddles_headers_but_for_the_stream():
 def test_a_kernel_that_does_not_launch_is_reported_not_passed_over(tmp_path):
     """A launch a GPU refuses (here sampling blocks of 2,048 threads, over CUDA's 1,024; emulated) writes nothing:
     its launcher returns CUDA's reason, which the check stops on, as the Paddle ops do (rollout_ops.cc)."""
-    if shutil.which("g++") is None:
-        required("g++", "g++ is not installed")
+    needs_gxx()
     kernels = check_kernels.EmulatedKernels(
         check_kernels.launchers(check_kernels.build_emulated_library(str(tmp_path), sample_threads=2048)))
     rows = np.ones(2)
@@ -297,8 +301,7 @@ def run_check_kernels(*options, script=CHECK_KERNELS):
 
 def sanitizer(name):
     """Skip (fail in CI) where g++ or its runtime of sanitizer `name` is missing."""
-    if shutil.which("g++") is None:
-        required("g++", "g++ is not installed")
+    needs_gxx()
     if check_kernels.sanitizer_runtime(name) is None:
         required(name, f"g++ has no runtime of the {name} sanitizer")
 

@@ -145,8 +145,11 @@ def test_reward_model_training_at_tensor_parallel_by_data_parallel_equals_data_p
     two = train_reward_model(tiny_world, str(tmp_path / "two"), processes=2, **changes)
     four = train_reward_model(tiny_world, str(tmp_path / "four"), processes=4, tensor_parallel_degree=2, **changes)
     assert "Qwen2ForScore split over 2 tensor-parallel ranks" in (tmp_path / "four" / "log" / "workerlog.0").read_text()
-    for key in ("eval_accuracy", "eval_loss", "eval_reward_mean"):
+    for key in ("eval_accuracy", "eval_loss"):
         assert four[key] == pytest.approx(two[key], rel=1e-5, abs=1e-6), key
+    # The mean score follows the score head's bias, which is noise (below): it agrees to a small part of the
+    # scores' spread, not to 1e-5 of itself (on an AVX-512 Xeon: 1.3e-6 apart, 1.4e-4 of the spread).
+    assert four["eval_reward_mean"] == pytest.approx(two["eval_reward_mean"], abs=1e-3 * two["eval_reward_std"])
     trained = {run: dict(AutoModelForScore.from_pretrained(str(tmp_path / run)).named_parameters()) for run in ("two", "four")}
     start = dict(AutoModelForScore.from_pretrained(tiny_world["model"], score_type="reward").named_parameters())
     name = "qwen2.layers.0.self_attn.q_proj.weight"
@@ -154,12 +157,14 @@ def test_reward_model_training_at_tensor_parallel_by_data_parallel_equals_data_p
     assert trained["four"].keys() == trained["two"].keys()
     # Adam moves each weight by up to the learning rate (1e-3) a step whatever its gradient's size: where a
     # gradient is near 0, the split reductions' rounding can turn its sign. So nearly every weight agrees to
-    # 1e-6, and the rest within the 3 steps' reach. The key biases' gradients are 0 but for rounding (a key
-    # bias shifts all of a query's logits alike): they are all noise, and only bounded.
+    # 1e-6, and the rest within the 3 steps' reach. Two kinds of bias have gradients that are 0 but for
+    # rounding: a key bias shifts all of a query's logits alike, and the score head's bias all scores alike,
+    # where the loss sees only differences of scores. They are all noise, and only bounded.
+    noise = ("k_proj.bias", "score_head.bias")
     for name, parameter in trained["two"].items():
         difference = np.abs(trained["four"][name].numpy() - parameter.numpy())
         assert difference.max() < 3 * 2e-3, name
-        assert name.endswith("k_proj.bias") or (difference > 1e-6).mean() < 1e-3, name
+        assert name.endswith(noise) or (difference > 1e-6).mean() < 1e-3, name
 
 
 def test_reward_model_training_at_tensor_parallel_by_data_parallel_resumes_its_checkpoint_exactly(tiny_world, tmp_path):

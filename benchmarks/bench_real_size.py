@@ -187,24 +187,23 @@ def step(args, model, prompts):
 
 
 def read_bandwidth(np, threads=2):
-    """Bytes per second that `threads` threads read (numpy's dot releases the GIL): 2 GiB, best of 3. A dot
-    reads each float once at the memory's pace; numpy's sum, used before 2026-11-26, adds pairwise and
-    measured 24 GB/s where dot measured 29 and a plain AVX2 read loop 31, which made the limit look slower."""
+    """Bytes per second that `threads` threads read: 2 GiB, the best of 3 reads by each of numpy's dot and max
+    (both release the GIL). Each way fell short of the memory on some CPU: numpy's sum, used before 2026-11-26,
+    read 24 GB/s on the AMD EPYC where dot read 29 and a plain AVX2 loop 31; on an Intel Xeon (Sapphire Rapids
+    family, 2026-11-28) OpenBLAS's dot read 12.7 GB/s where max read 21.5 and a plain AVX-512 loop 22-23. A
+    slow reader makes the bandwidth limit look slower than it is."""
     from concurrent.futures import ThreadPoolExecutor
 
     parts = [np.ones(2**28, dtype=np.float32) for _ in range(threads)]
-
-    def read(part):
-        return np.dot(part, part)
-
+    best = float("inf")
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(read, parts))
-        times = []
-        for _ in range(3):
-            started = time.perf_counter()
+        for read in (lambda part: np.dot(part, part), np.max):
             list(pool.map(read, parts))
-            times.append(time.perf_counter() - started)
-    return sum(part.nbytes for part in parts) / min(times)
+            for _ in range(3):
+                started = time.perf_counter()
+                list(pool.map(read, parts))
+                best = min(best, time.perf_counter() - started)
+    return sum(part.nbytes for part in parts) / best
 
 
 def matmul_flops(paddle, rows, shapes):

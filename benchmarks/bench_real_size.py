@@ -189,8 +189,8 @@ def step(args, model, prompts):
 def read_bandwidth(np, threads=2):
     """Bytes per second that `threads` threads read: 2 GiB, the best of 3 reads by each of numpy's dot and max
     (both release the GIL). Each way fell short of the memory on some CPU: numpy's sum, used before 2026-11-26,
-    read 24 GB/s on the AMD EPYC where dot read 29 and a plain AVX2 loop 31; on an Intel Xeon (Sapphire Rapids
-    family, 2026-11-28) OpenBLAS's dot read 12.7 GB/s where max read 21.5 and a plain AVX-512 loop 22-23. A
+    read 24 GB/s on the AMD EPYC where dot read 29 and a plain AVX2 loop 31; on an Intel Xeon (family 6, model
+    207; 2026-11-28) OpenBLAS's dot read 12.7 GB/s where max read 21.5 and a plain AVX-512 loop 22-23. A
     slow reader makes the bandwidth limit look slower than it is."""
     from concurrent.futures import ThreadPoolExecutor
 

@@ -12,6 +12,7 @@
 
 #include "common/cpu_clones.h"
 #include "common/fused_math.h"
+#include "common/mkl_threads.h"
 #include "common/op_checks.h"
 #include "common/rms_norm.h"
 #include "paddle/extension.h"
@@ -348,8 +349,12 @@ std::vector<paddle::Tensor> TokenLogprobs(const paddle::Tensor& logits, const pa
   auto logprobs = paddle::empty(shape, logits.dtype(), logits.place());
   auto entropy = paddle::empty(shape, logits.dtype(), logits.place());
   auto lse = paddle::empty(shape, logits.dtype(), logits.place());
-  TokenLogprobRows(logits.data<float>(), ids, temperature, rows, vocab, logprobs.data<float>(),
-                   entropy.data<float>(), lse.data<float>());
+  const float* x = logits.data<float>();
+  float *logprob = logprobs.data<float>(), *row_entropy = entropy.data<float>(), *row_lse = lse.data<float>();
+  mkl_threads::ParallelFor(rows, mkl_threads::RowsPerShare(vocab), [&](int64_t begin, int64_t end) {
+    TokenLogprobRows(x + begin * vocab, ids + begin, temperature, end - begin, vocab, logprob + begin,
+                     row_entropy + begin, row_lse + begin);
+  });
   return {logprobs, entropy, lse};
 }
 
@@ -360,10 +365,16 @@ std::vector<paddle::Tensor> TokenLogprobsGrad(const paddle::Tensor& logits, cons
   int64_t rows, vocab;
   CheckLogprobInputs(logits, labels, temperature, &rows, &vocab);
   auto grad_logits = paddle::empty(logits.shape(), logits.dtype(), logits.place());
-  TokenLogprobGradRows(logits.data<float>(), labels.data<int64_t>(), lse.data<float>(), entropy.data<float>(),
-                       grad_logprobs.initialized() ? grad_logprobs.data<float>() : nullptr,
-                       grad_entropy.initialized() ? grad_entropy.data<float>() : nullptr, temperature, rows, vocab,
-                       grad_logits.data<float>());
+  const float *x = logits.data<float>(), *row_lse = lse.data<float>(), *row_entropy = entropy.data<float>();
+  const float* gl = grad_logprobs.initialized() ? grad_logprobs.data<float>() : nullptr;
+  const float* ge = grad_entropy.initialized() ? grad_entropy.data<float>() : nullptr;
+  const int64_t* ids = labels.data<int64_t>();
+  float* dx = grad_logits.data<float>();
+  mkl_threads::ParallelFor(rows, mkl_threads::RowsPerShare(vocab), [&](int64_t begin, int64_t end) {
+    TokenLogprobGradRows(x + begin * vocab, ids + begin, row_lse + begin, row_entropy + begin,
+                         gl == nullptr ? nullptr : gl + begin, ge == nullptr ? nullptr : ge + begin, temperature,
+                         end - begin, vocab, dx + begin * vocab);
+  });
   return {grad_logits};
 }
 

@@ -12,6 +12,7 @@
 
 #include "common/cpu_clones.h"
 #include "common/fused_math.h"
+#include "common/mkl_threads.h"
 #include "common/rollout_math.h"
 #include "paddle/extension.h"
 
@@ -250,14 +251,16 @@ std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits, const paddle::T
 #endif
   const float* data = logits.data<float>();
   int64_t* out = tokens.data<int64_t>();
-  std::vector<float> probs, scratch;
-  std::vector<double> blocks;
-  for (int64_t b = 0; b < rows; ++b) {
-    double u = rollout::uniform01(static_cast<uint64_t>(seed), static_cast<uint64_t>(row_ids.data<int64_t>()[b]),
-                                  static_cast<uint64_t>(step_idx.data<int64_t>()[b]));
-    out[b] = SampleRowCPU(data + b * vocab, vocab, temperature.data<float>()[b], top_k.data<int64_t>()[b],
-                          top_p.data<float>()[b], u, &probs, &scratch, &blocks);
-  }
+  mkl_threads::ParallelFor(rows, mkl_threads::RowsPerShare(vocab), [&](int64_t begin, int64_t end) {
+    std::vector<float> probs, scratch;
+    std::vector<double> blocks;
+    for (int64_t b = begin; b < end; ++b) {
+      double u = rollout::uniform01(static_cast<uint64_t>(seed), static_cast<uint64_t>(row_ids.data<int64_t>()[b]),
+                                    static_cast<uint64_t>(step_idx.data<int64_t>()[b]));
+      out[b] = SampleRowCPU(data + b * vocab, vocab, temperature.data<float>()[b], top_k.data<int64_t>()[b],
+                            top_p.data<float>()[b], u, &probs, &scratch, &blocks);
+    }
+  });
   return {tokens};
 }
 

@@ -8,6 +8,7 @@ relies on floating-point traps); -fno-math-errno lets it vectorise sqrt (nothing
 results are the same, sqrt being correctly rounded either way).
 """
 
+import glob
 import os
 
 from paddle.utils.cpp_extension import CppExtension, setup
@@ -20,6 +21,7 @@ setup(
     ext_modules=CppExtension(
         sources=["rollout_ops.cc", "fused_ops.cc", "attention_ops.cc", "decoder_ops.cc", "optimizer_ops.cc"],
         include_dirs=[HERE],
+        depends=sorted(glob.glob("common/*.h")),  # a changed header rebuilds the ops
         extra_compile_args={"cxx": ["-O3", "-std=c++17", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno"]},
     ),
 )

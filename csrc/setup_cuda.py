@@ -4,6 +4,7 @@ The same `paddlenlp_ops` package as setup_cpu.py; GPU tensors run the CUDA kerne
 tensors the CPU kernels. Set CUDA_ARCH (e.g. "90" for H100/H200) to build for one architecture.
 """
 
+import glob
 import os
 
 from paddle.utils.cpp_extension import CUDAExtension, setup
@@ -21,6 +22,7 @@ setup(
     ext_modules=CUDAExtension(
         sources=["rollout_ops.cc", "gpu/rollout_kernels.cu"],
         include_dirs=[HERE],
+        depends=sorted(glob.glob("common/*.h") + glob.glob("gpu/*.h") + glob.glob("gpu/*.cuh")),  # a changed header rebuilds the ops
         extra_compile_args={"cxx": ["-O3", "-std=c++17", "-DROLLOUT_OPS_WITH_CUDA"], "nvcc": NVCC_FLAGS},
     ),
 )

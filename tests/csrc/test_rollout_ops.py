@@ -14,6 +14,8 @@ import paddle
 import pytest
 
 from helpers import REPO_ROOT, built_paddlenlp_ops, required
+from paddle_alignment.cpu_runtime import mkl_local_threads, mklml
+from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "csrc"))
 sys.path.insert(0, os.path.join(REPO_ROOT, "csrc", "gpu"))
@@ -189,6 +191,34 @@ def test_sampling_frequencies_follow_the_kept_distribution(ops):
     assert observed[~keep].sum() == 0
     chi2 = (((observed - expected) ** 2) / np.where(keep, expected, 1))[keep].sum()
     assert chi2 < 13.82  # 2 degrees of freedom, p = 0.001
+
+
+def test_sampling_and_token_logprobs_are_the_same_on_one_thread_and_on_two(ops):
+    # Both ops spread their rows over MKL's threads (csrc/common/mkl_threads.h): a row's result must not depend on
+    # the thread that computes it, nor on how many there are. Token log-probs, entropies and their gradient too.
+    rng = np.random.default_rng(11)
+    rows, vocab = 9, 40000
+    logits = rng.normal(scale=2.0, size=(rows, vocab)).astype(np.float32)
+    step_idx, labels = rng.integers(0, 100, size=rows), rng.integers(0, vocab, size=rows)
+    labels[4] = -100
+
+    def run():
+        tokens = [run_sample(ops, logits, 0.9, top_k, top_p, step_idx, seed=21) for top_k, top_p in [(0, 1.0), (40, 0.9)]]
+        x = t(logits, "float32")
+        x.stop_gradient = False
+        logprobs, entropy = token_logprobs_and_entropy(x, t(labels, "int64"), 0.7)
+        (logprobs.sum() + 0.5 * entropy.sum()).backward()
+        return tokens + [logprobs.numpy(), entropy.numpy(), x.grad.numpy()]
+
+    with mkl_local_threads(1):
+        one = run()
+    with mkl_local_threads(2):
+        assert mklml().MKL_Get_Max_Threads() == 2
+        two = run()
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+    expected = reference_sample(logits, np.full(rows, 0.9), np.zeros(rows), np.ones(rows), step_idx, 21)
+    np.testing.assert_array_equal(two[0], expected)
 
 
 # ---- history, stop flags, bookkeeping -----------------------------------------------------------

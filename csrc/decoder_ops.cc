@@ -22,8 +22,9 @@
 // (a fused gate_up [H, 2 I], gate columns first, passes as gate with an empty up); then embedding [V, H],
 // final_norm [H], lm_head ([H, V], or [V, H] with transpose_lm_head: tied).
 //
-// native_packed_products(weights) -> packed [P], float32: MKL's packed form of the weights of a decode step's large
-// products, for a session's steps to read (passed after the weights); see AttachPacked.
+// native_packed_products(weights) -> packed [P], float32: the weights of a decode step's large products in a packed
+// form (common/session_products.h: panels on AVX-512 CPUs, else MKL's), for a session's steps to read (passed after
+// the weights); see AttachPacked.
 
 #include <algorithm>
 #include <cmath>
@@ -33,6 +34,7 @@
 #include "common/cpu_clones.h"
 #include "common/fused_math.h"
 #include "common/mkl_gemm.h"
+#include "common/session_products.h"
 #include "common/op_checks.h"
 #include "common/score_runs.h"
 #include "common/rms_norm.h"
@@ -95,31 +97,36 @@ struct Dims {
   int64_t tokens() const { return batch * seq; }
 };
 
+// A product's b in a decode session's packed form (session_products), or none (null data).
+struct PackedB {
+  const float* data = nullptr;
+  session_products::Form form = session_products::Form::kMkl;
+};
+
 struct Layer {
   const float *input_norm, *q, *k, *v, *q_bias, *k_bias, *v_bias, *o, *post_norm, *gate, *up, *down;
   int64_t gate_up_ld;  // floats between rows of gate and of up: I, or 2 I in a fused gate_up
-  // Their packed forms (native_packed_products) where a decode session made them, else null.
-  const float *packed_q = nullptr, *packed_o = nullptr, *packed_gate = nullptr, *packed_up = nullptr,
-              *packed_down = nullptr;
+  // Their packed forms (native_packed_products) where a decode session made them, else none.
+  PackedB packed_q, packed_o, packed_gate, packed_up, packed_down;
 };
 
 // Whether a product of m rows reads its b's packed form: where the session made one (`packed`) and the product has
 // few rows (more gain nothing from it).
-bool ReadsPacked(const float* packed, int64_t m) { return packed != nullptr && m <= mkl::kSlicedMaxRows; }
+bool ReadsPacked(const PackedB& packed, int64_t m) { return packed.data != nullptr && m <= mkl::kSlicedMaxRows; }
 
 // c = a [m, k] @ b + beta * c (b [k, n], rows `ldb` floats apart): from b's packed form where it ReadsPacked, else
 // added to `plain`, which runs it with the others it holds.
-void Product(mkl::ColumnProducts& plain, const float* packed, const float* a, const float* b, int64_t ldb, float* c,
+void Product(mkl::ColumnProducts& plain, const PackedB& packed, const float* a, const float* b, int64_t ldb, float* c,
              int64_t ldc, int64_t m, int64_t n, int64_t k, float beta) {
   if (ReadsPacked(packed, m)) {
-    mkl::PackedMatMul(a, packed, c, ldc, m, n, k, beta);
+    session_products::MatMul(packed.form, a, packed.data, c, ldc, m, n, k, beta);
   } else {
     plain.Add(a, b, ldb, c, ldc, n, k, beta);
   }
 }
 
 // c [m, n] = a [m, k] @ b [k, n] + beta * c, contiguous, from b's packed form where there is one (Product).
-void MatMul(const float* packed, const float* a, const float* b, float* c, int64_t m, int64_t n, int64_t k, float beta) {
+void MatMul(const PackedB& packed, const float* a, const float* b, float* c, int64_t m, int64_t n, int64_t k, float beta) {
   mkl::ColumnProducts product(m);
   Product(product, packed, a, b, n, c, n, m, n, k, beta);
   product.Run();
@@ -311,30 +318,51 @@ std::vector<Layer> CheckLayers(const std::vector<paddle::Tensor>& weights, const
 
 // ---- packed products for decode sessions -------------------------------------------------------------
 
-// A decode session's products of the layers' q, o, gate, up and down and of the LM head can read their b in MKL's
-// packed form (mkl::PackB), made once per session by native_packed_products into one buffer (k and v, [H, 128]
-// at Qwen2.5-0.5B's shape, gain little and would take 20 times their size packed).
+// A decode session's products of the layers' q, o, gate, up and down and of the LM head can read their b in a packed
+// form (session_products), made once per session by native_packed_products into one buffer (k and v, [H, 128]
+// at Qwen2.5-0.5B's shape, gain little and would take 20 times their size in MKL's form). The buffer's first line
+// records the form; the products follow.
+constexpr int64_t kPackedHeader = 16;
 
 // Floats a packed b [k, n] takes in the buffer: whole 64-byte lines, so that each starts as aligned as the buffer.
-int64_t PackedSpan(int64_t n, int64_t k) { return (mkl::PackedFloats(n, k) + 15) / 16 * 16; }
-
-int64_t PackedBufferFloats(const Dims& d) {
-  const int64_t layer = PackedSpan(d.q_width(), d.hidden) + PackedSpan(d.hidden, d.q_width()) +
-                        2 * PackedSpan(d.inner, d.hidden) + PackedSpan(d.hidden, d.inner);
-  return d.layers * layer + PackedSpan(d.vocab, d.hidden);
+int64_t PackedSpan(session_products::Form form, int64_t n, int64_t k) {
+  return (session_products::Floats(form, n, k) + 15) / 16 * 16;
 }
 
-// Points `layers` at their packed products in `buffer` [PackedBufferFloats(d)], in the order native_packed_products
-// writes them (it lays them out with this function); returns the LM head's.
-const float* AttachPacked(const float* buffer, const Dims& d, std::vector<Layer>& layers) {
+int64_t PackedBufferFloats(const Dims& d, session_products::Form form) {
+  const int64_t layer = PackedSpan(form, d.q_width(), d.hidden) + PackedSpan(form, d.hidden, d.q_width()) +
+                        2 * PackedSpan(form, d.inner, d.hidden) + PackedSpan(form, d.hidden, d.inner);
+  return kPackedHeader + d.layers * layer + PackedSpan(form, d.vocab, d.hidden);
+}
+
+// The form a packed buffer records (PackedProducts), checked.
+session_products::Form PackedForm(const paddle::Tensor& buffer) {
+  PD_CHECK(buffer.is_cpu() && buffer.dtype() == paddle::DataType::FLOAT32 && buffer.numel() >= kPackedHeader,
+           "packed products must be a float32 CPU buffer made by native_packed_products");
+  const float tag = buffer.data<float>()[0];
+  PD_CHECK(tag == static_cast<float>(session_products::Form::kMkl) ||
+               tag == static_cast<float>(session_products::Form::kPanels),
+           "packed products do not start with the form native_packed_products records");
+  return static_cast<session_products::Form>(static_cast<int>(tag));
+}
+
+// Points `layers` at their packed products in `buffer` [PackedBufferFloats(d, form)], in the order
+// native_packed_products writes them (it lays them out with this function); returns the LM head's.
+PackedB AttachPacked(const float* buffer, session_products::Form form, const Dims& d, std::vector<Layer>& layers) {
+  buffer += kPackedHeader;
+  auto next = [&](int64_t n, int64_t k) {
+    const PackedB packed{buffer, form};
+    buffer += PackedSpan(form, n, k);
+    return packed;
+  };
   for (Layer& w : layers) {
-    w.packed_q = buffer, buffer += PackedSpan(d.q_width(), d.hidden);
-    w.packed_o = buffer, buffer += PackedSpan(d.hidden, d.q_width());
-    w.packed_gate = buffer, buffer += PackedSpan(d.inner, d.hidden);
-    w.packed_up = buffer, buffer += PackedSpan(d.inner, d.hidden);
-    w.packed_down = buffer, buffer += PackedSpan(d.hidden, d.inner);
+    w.packed_q = next(d.q_width(), d.hidden);
+    w.packed_o = next(d.hidden, d.q_width());
+    w.packed_gate = next(d.inner, d.hidden);
+    w.packed_up = next(d.inner, d.hidden);
+    w.packed_down = next(d.hidden, d.inner);
   }
-  return buffer;
+  return PackedB{buffer, form};
 }
 
 // The model's tensors come first in the forward's weights; a session's packed buffer after them is 1-D, where the
@@ -365,25 +393,27 @@ std::vector<paddle::Tensor> PackedProducts(const std::vector<paddle::Tensor>& we
   const Dims d = ProductDims(shapes, has_qkv_bias);
   std::vector<Layer> layers = CheckLayers(weights, d, has_qkv_bias);
   const float* lm_head = LmHead(weights.back(), d, transpose_lm_head);
-  auto buffer = paddle::empty({PackedBufferFloats(d)}, paddle::DataType::FLOAT32, weights.back().place());
-  float* packed_head = const_cast<float*>(AttachPacked(buffer.data<float>(), d, layers));
-  auto pack = [](const float* b, int64_t ldb, int64_t n, int64_t k, const float* packed) {
-    mkl::PackB(b, ldb, n, k, false, const_cast<float*>(packed));
+  const session_products::Form form = session_products::Chosen();
+  auto buffer = paddle::empty({PackedBufferFloats(d, form)}, paddle::DataType::FLOAT32, weights.back().place());
+  std::fill_n(buffer.data<float>(), kPackedHeader, static_cast<float>(form));
+  const PackedB packed_head = AttachPacked(buffer.data<float>(), form, d, layers);
+  auto pack = [form](const float* b, int64_t ldb, int64_t n, int64_t k, bool transpose_b, const PackedB& packed) {
+    session_products::Pack(form, b, ldb, n, k, transpose_b, const_cast<float*>(packed.data));
   };
   for (const Layer& w : layers) {
-    pack(w.q, d.q_width(), d.q_width(), d.hidden, w.packed_q);
-    pack(w.o, d.hidden, d.hidden, d.q_width(), w.packed_o);
-    pack(w.gate, w.gate_up_ld, d.inner, d.hidden, w.packed_gate);
-    pack(w.up, w.gate_up_ld, d.inner, d.hidden, w.packed_up);
-    pack(w.down, d.hidden, d.hidden, d.inner, w.packed_down);
+    pack(w.q, d.q_width(), d.q_width(), d.hidden, false, w.packed_q);
+    pack(w.o, d.hidden, d.hidden, d.q_width(), false, w.packed_o);
+    pack(w.gate, w.gate_up_ld, d.inner, d.hidden, false, w.packed_gate);
+    pack(w.up, w.gate_up_ld, d.inner, d.hidden, false, w.packed_up);
+    pack(w.down, d.hidden, d.hidden, d.inner, false, w.packed_down);
   }
-  mkl::PackB(lm_head, transpose_lm_head ? d.hidden : d.vocab, d.vocab, d.hidden, transpose_lm_head, packed_head);
+  pack(lm_head, transpose_lm_head ? d.hidden : d.vocab, d.vocab, d.hidden, transpose_lm_head, packed_head);
   return {buffer};
 }
 
 std::vector<std::vector<int64_t>> PackedProductsShape(const std::vector<std::vector<int64_t>>& weights, bool has_qkv_bias,
                                                       bool) {
-  return {{PackedBufferFloats(ProductDims(weights, has_qkv_bias))}};
+  return {{PackedBufferFloats(ProductDims(weights, has_qkv_bias), session_products::Chosen())}};
 }
 
 std::vector<paddle::DataType> PackedProductsDtype(const std::vector<paddle::DataType>&) { return {paddle::DataType::FLOAT32}; }
@@ -430,8 +460,11 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
   const float* embed = Weight(embedding, {d.vocab, d.hidden}, "embedding");
   const float* final_norm = Weight(weights[count - 2], {d.hidden}, "final_norm");
   const float* lm_head = LmHead(weights[count - 1], d, transpose_lm_head);
-  const float* packed_head =
-      given > count ? AttachPacked(Weight(weights[count], {PackedBufferFloats(d)}, "packed products"), d, layers) : nullptr;
+  PackedB packed_head;
+  if (given > count) {
+    const session_products::Form form = PackedForm(weights[count]);
+    packed_head = AttachPacked(Weight(weights[count], {PackedBufferFloats(d, form)}, "packed products"), form, d, layers);
+  }
 
   const int64_t n = d.tokens();
   const int64_t* ids = input_ids.data<int64_t>();
@@ -480,7 +513,8 @@ std::vector<paddle::Tensor> DecoderForward(const paddle::Tensor& input_ids, cons
   }
   auto logits = paddle::empty({d.batch, kept, d.vocab}, paddle::DataType::FLOAT32, input_ids.place());
   if (ReadsPacked(packed_head, rows)) {
-    mkl::PackedMatMul(normed.data(), packed_head, logits.data<float>(), d.vocab, rows, d.vocab, d.hidden, 0.0f);
+    session_products::MatMul(packed_head.form, normed.data(), packed_head.data, logits.data<float>(), d.vocab, rows,
+                             d.vocab, d.hidden, 0.0f);
   } else if (rows > 0) {
     mkl::MatMul(normed.data(), lm_head, logits.data<float>(), rows, d.vocab, d.hidden, 0.0f, transpose_lm_head);
   }

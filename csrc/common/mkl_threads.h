@@ -2,8 +2,9 @@
 // threads with (Intel's libiomp5, loaded with MKL), so that the loop and MKL's products share one team
 // of threads. A second runtime (GCC's libgomp, which -fopenmp would link) would start its own threads, and those
 // would compete for the cores with MKL's, which keep spinning a while after each product (KMP_BLOCKTIME).
-// Used by rollout_ops.cc (sampling) and fused_ops.cc (token log-probs): each row's work is independent of the
-// others' and of the thread that does it, so the results do not depend on the thread count.
+// Used by rollout_ops.cc (sampling), fused_ops.cc (token log-probs) and session_products.h (panels): each share's
+// work is independent of the others' and of the thread that does it, so the results do not depend on the thread
+// count.
 #pragma once
 
 #include <dlfcn.h>

@@ -16,7 +16,7 @@ from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Q
 
 from helpers import REPO_ROOT, built_paddlenlp_ops
 from paddle_alignment.algos.token_stats import gather_logprobs, position_ids_from_mask, tempered_logits
-from paddle_alignment.cpu_runtime import mkl_local_threads, mklml
+from paddle_alignment.cpu_runtime import cpu_vendor_and_flags, mkl_local_threads, mklml, read_cpuinfo
 from paddle_alignment.experience import Experience
 from paddle_alignment.models import native_forward, ppo_model_utils
 from paddle_alignment.models.fused_kernels import FUSED_OPS
@@ -168,6 +168,31 @@ def test_sessions_of_few_rows_and_many_steps_run_on_packed_weights(ops, monkeypa
     np.testing.assert_allclose(logits, eager_logits, **TOLERANCE)
 
 
+@pytest.mark.parametrize("rows", [1, 16, 17, 40])
+@pytest.mark.parametrize("form", ["on", "off"])
+def test_a_packed_decode_step_equals_the_plain_one_in_either_form(ops, monkeypatch, rows, form):
+    """A session's packed weights record their form: panels on a CPU with AVX-512 unless
+    PADDLE_ALIGNMENT_PANEL_PRODUCTS=off, else MKL's packed form. Either way a decode step on them equals the step on the
+    plain weights, at row counts of one row block of the panel products (16 rows), part of one, and several (the
+    tiny model's widths, 64, 96 and a vocabulary of 97, leave partial and single panels too)."""
+    monkeypatch.setattr(native_forward, "PACKED_MIN_PARAMETERS", 0)
+    monkeypatch.setenv("PADDLE_ALIGNMENT_PANEL_PRODUCTS", form)
+    native = NativeDecoder.for_model(tiny_model("qwen2", tie_word_embeddings=rows % 2 == 0))
+    packed = native.for_session(rows, native_forward.PACKED_MIN_STEPS)
+    avx512 = "avx512f" in cpu_vendor_and_flags(read_cpuinfo())[1]
+    assert packed.weights[-1][0].item() == (2.0 if avx512 and form == "on" else 1.0)
+    rng = np.random.default_rng(rows)
+    length = 9
+    cache = paddle.to_tensor(rng.normal(size=native.cache_shape[:2] + [rows] + native.cache_shape[3:4] + [length]
+                                        + native.cache_shape[5:]).astype("float32"))
+    inputs = (paddle.to_tensor(rng.integers(0, VOCAB, size=(rows, 1))), paddle.full([rows, 1], length - 1, dtype="int64"),
+              paddle.to_tensor(rng.integers(0, 2, size=(rows, length)) | np.eye(1, length, length - 1, dtype="int64")))
+    with paddle.no_grad():
+        steps = [decoder(*inputs, cache.clone(), native.rope_tables(length), length - 1, 0, 1).numpy()
+                 for decoder in (packed, native)]
+    np.testing.assert_allclose(*steps, **TOLERANCE)
+
+
 def test_a_session_packs_once_its_decode_rows_are_few(ops, monkeypatch):
     """A session decides at each decode step, on the rows that step runs: prompts repeated past PACKED_MAX_ROWS run on
     the plain weights, packed once finished rows leave few enough with PACKED_MIN_STEPS to go, and kept packed to
@@ -222,11 +247,15 @@ def test_packed_products_read_the_weights_as_they_were_packed(ops, monkeypatch):
         assert np.abs(logits(native) - before).max() > 1e-2
 
 
-def test_a_packed_buffer_that_does_not_fit_the_model_is_refused(ops):
+@pytest.mark.parametrize("buffer, error", [
+    (np.zeros(16), "packed products do not start with the form native_packed_products records"),
+    (np.ones(32), "packed products has the wrong shape"),  # MKL's form recorded (1), but no room for the products
+])
+def test_a_packed_buffer_that_does_not_fit_the_model_is_refused(ops, buffer, error):
     native = copy.copy(NativeDecoder.for_model(tiny_model("qwen2")))
-    native.weights = native.weights + [paddle.zeros([16], dtype="float32")]
+    native.weights = native.weights + [paddle.to_tensor(buffer, dtype="float32")]
     input_ids, mask = padded_batch([3], 3, [0], 0)
-    with paddle.no_grad(), pytest.raises(Exception, match="packed products has the wrong shape"):
+    with paddle.no_grad(), pytest.raises(Exception, match=error):
         native(input_ids, paddle.arange(3)[None], mask, native.new_cache(1, 3), native.rope_tables(3), 0, 0, 3)
 
 

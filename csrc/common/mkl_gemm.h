@@ -28,6 +28,7 @@ using SgemmBatchFn = void (*)(int layout, const int* trans_a, const int* trans_b
 struct PaddleLibraries {
   std::string mklml;  // libmklml_intel.so when already loaded
   std::string libs;   // the folder of libphi (where the wheel keeps libmklml_intel.so)
+  std::string iomp;   // libiomp5.so, the OpenMP runtime MKL threads with, when already loaded
 };
 
 inline int FindPaddleLibraries(dl_phdr_info* info, size_t, void* data) {
@@ -37,6 +38,7 @@ inline int FindPaddleLibraries(dl_phdr_info* info, size_t, void* data) {
   if (slash == std::string::npos) return 0;
   const std::string file = path.substr(slash + 1);
   if (file == "libmklml_intel.so") found->mklml = path;
+  if (file == "libiomp5.so") found->iomp = path;
   if (file == "libphi.so" || file == "libphi_core.so") found->libs = path.substr(0, slash);
   return 0;
 }

@@ -24,20 +24,13 @@ struct Runtime {
   int (*team_size)() = nullptr;                                                                 // omp_get_num_threads
 };
 
-inline int FindRuntime(dl_phdr_info* info, size_t, void* data) {
-  const std::string path = info->dlpi_name != nullptr ? info->dlpi_name : "";
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos || path.substr(slash + 1) != "libiomp5.so") return 0;
-  *static_cast<std::string*>(data) = path;
-  return 1;
-}
-
 // The OpenMP runtime that Paddle's MKL (opened first, mkl::Function) was loaded with.
 inline const Runtime& Loaded() {
   static const Runtime runtime = [] {
     mkl::MaxThreads();
-    std::string path;
-    dl_iterate_phdr(FindRuntime, &path);
+    mkl::PaddleLibraries found;
+    dl_iterate_phdr(mkl::FindPaddleLibraries, &found);
+    const std::string& path = found.iomp;
     void* omp = path.empty() ? nullptr : dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
     PD_CHECK(omp != nullptr, "the CPU ops need the OpenMP runtime of Paddle's MKL (libiomp5.so), not loaded with it");
     Runtime r;

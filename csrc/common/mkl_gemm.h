@@ -43,17 +43,34 @@ inline int FindPaddleLibraries(dl_phdr_info* info, size_t, void* data) {
   return 0;
 }
 
-// A function of the same MKL instance Paddle uses (dlopen of a loaded path returns it).
-inline void* Function(const char* name) {
-  static void* const handle = [] {
+struct OpenedLibrary {
+  void* handle;       // nullptr when it could not be opened
+  std::string error;  // then, why
+};
+
+// Paddle's MKL, the same instance Paddle uses (dlopen of a loaded path returns it); not there on a Paddle build
+// without MKL (built with WITH_MKL=OFF, as for ARM CPUs).
+inline const OpenedLibrary& PaddleMkl() {
+  static const OpenedLibrary mkl = [] {
     PaddleLibraries found;
     dl_iterate_phdr(FindPaddleLibraries, &found);
     const std::string path = !found.mklml.empty() ? found.mklml : found.libs + "/libmklml_intel.so";
     void* opened = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    PD_CHECK(opened != nullptr, "the CPU ops need Paddle's MKL, ", path, ": ", dlerror());
-    return opened;
+    const char* error = opened == nullptr ? dlerror() : nullptr;
+    return OpenedLibrary{opened, path + ": " + (error != nullptr ? error : "not opened")};
   }();
-  void* fn = dlsym(handle, name);
+  return mkl;
+}
+
+// Whether this Paddle has an MKL: the loops of the ops that need no products (sampling, token log-probs) run on
+// its threads where it does, and on the calling thread where it does not (mkl_threads.h).
+inline bool Available() { return PaddleMkl().handle != nullptr; }
+
+// A function of Paddle's MKL: the products of the decoder and attention ops need it.
+inline void* Function(const char* name) {
+  const OpenedLibrary& mkl = PaddleMkl();
+  PD_CHECK(mkl.handle != nullptr, "the CPU ops need Paddle's MKL, ", mkl.error);
+  void* fn = dlsym(mkl.handle, name);
   PD_CHECK(fn != nullptr, "no ", name, " in Paddle's MKL");
   return fn;
 }

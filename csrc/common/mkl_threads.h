@@ -65,10 +65,12 @@ constexpr int64_t kMinShareValues = 1 << 15;
 inline int64_t RowsPerShare(int64_t width) { return std::max<int64_t>(1, kMinShareValues / std::max<int64_t>(width, 1)); }
 
 // body(begin, end) over contiguous shares of [0, count), one share per MKL thread (MKL_NUM_THREADS), at most one per
-// `grain` items. body must not throw: an exception cannot leave an OpenMP thread.
+// `grain` items; on the calling thread alone where Paddle has no MKL. body must not throw: an exception cannot
+// leave an OpenMP thread.
 template <typename Body>
 void ParallelFor(int64_t count, int64_t grain, Body body) {
-  const int64_t threads = std::min<int64_t>(mkl::MaxThreads(), count / std::max<int64_t>(grain, 1));
+  const int64_t threads =
+      mkl::Available() ? std::min<int64_t>(mkl::MaxThreads(), count / std::max<int64_t>(grain, 1)) : 1;
   if (threads <= 1) {
     if (count > 0) body(0, count);
     return;

@@ -157,6 +157,9 @@ def openmp_workers_sleep_when_idle():
     return True
 
 
+MKL_LIBRARY = "libmklml_intel.so"
+
+
 def paddle_library(pattern):
     """The path of a library of Paddle's CPU wheel (its libs/ folder) matching `pattern`, or None."""
     import paddle
@@ -183,8 +186,9 @@ def mkl_local_threads(count):
 
 @functools.lru_cache(maxsize=None)
 def mklml():
-    """Paddle's MKL (the instance its ops and the custom ops use: dlopen of a loaded library returns it), or None."""
-    path = paddle_library("libmklml_intel.so")
+    """Paddle's MKL (the instance its ops and the custom ops use: dlopen of a loaded library returns it), or None
+    on a Paddle build without it (built with WITH_MKL=OFF, as for ARM CPUs)."""
+    path = paddle_library(MKL_LIBRARY)
     return ctypes.CDLL(path) if path else None
 
 

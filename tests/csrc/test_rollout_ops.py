@@ -193,32 +193,85 @@ def test_sampling_frequencies_follow_the_kept_distribution(ops):
     assert chi2 < 13.82  # 2 degrees of freedom, p = 0.001
 
 
-def test_sampling_and_token_logprobs_are_the_same_on_one_thread_and_on_two(ops):
-    # Both ops spread their rows over MKL's threads (csrc/common/mkl_threads.h): a row's result must not depend on
-    # the thread that computes it, nor on how many there are. Token log-probs, entropies and their gradient too.
+def threaded_op_inputs():
+    """Logits [9, 40,000], step indices and labels (one of them -100) for threaded_op_results."""
     rng = np.random.default_rng(11)
     rows, vocab = 9, 40000
     logits = rng.normal(scale=2.0, size=(rows, vocab)).astype(np.float32)
     step_idx, labels = rng.integers(0, 100, size=rows), rng.integers(0, vocab, size=rows)
     labels[4] = -100
+    return logits, step_idx, labels
 
-    def run():
-        tokens = [run_sample(ops, logits, 0.9, top_k, top_p, step_idx, seed=21) for top_k, top_p in [(0, 1.0), (40, 0.9)]]
-        x = t(logits, "float32")
-        x.stop_gradient = False
-        logprobs, entropy = token_logprobs_and_entropy(x, t(labels, "int64"), 0.7)
-        (logprobs.sum() + 0.5 * entropy.sum()).backward()
-        return tokens + [logprobs.numpy(), entropy.numpy(), x.grad.numpy()]
 
+def threaded_op_results(ops, logits, step_idx, labels):
+    """What the ops that spread their rows over MKL's threads (csrc/common/mkl_threads.h) give: rollout_sample's
+    tokens (temperature 0.9, then also top-k 40 and top-p 0.9), and fused_token_logprobs' log-probs, entropies
+    and gradient (temperature 0.7)."""
+    tokens = [run_sample(ops, logits, 0.9, top_k, top_p, step_idx, seed=21) for top_k, top_p in [(0, 1.0), (40, 0.9)]]
+    x = t(logits, "float32")
+    x.stop_gradient = False
+    logprobs, entropy = token_logprobs_and_entropy(x, t(labels, "int64"), 0.7)
+    # The gradient of sum(logprobs) + 0.5 sum(entropy), seeded directly: the op's backward is the only kernel run.
+    (grad,) = paddle.grad([logprobs, entropy], [x], [paddle.ones_like(logprobs), paddle.full_like(entropy, 0.5)])
+    return tokens + [logprobs.numpy(), entropy.numpy(), grad.numpy()]
+
+
+def test_sampling_and_token_logprobs_are_the_same_on_one_thread_and_on_two(ops):
+    # A row's result must not depend on the thread that computes it, nor on how many there are.
+    inputs = threaded_op_inputs()
     with mkl_local_threads(1):
-        one = run()
+        one = threaded_op_results(ops, *inputs)
     with mkl_local_threads(2):
         assert mklml().MKL_Get_Max_Threads() == 2
-        two = run()
+        two = threaded_op_results(ops, *inputs)
     for a, b in zip(one, two):
         np.testing.assert_array_equal(a, b)
+    logits, step_idx, _ = inputs
+    rows = len(logits)
     expected = reference_sample(logits, np.full(rows, 0.9), np.zeros(rows), np.ones(rows), step_idx, 21)
     np.testing.assert_array_equal(two[0], expected)
+
+
+# A Paddle built without MKL (WITH_MKL=OFF, as for ARM CPUs), played on this one: dlopen refuses Paddle's MKL.
+NO_MKL_SHIM = r"""
+#include <dlfcn.h>
+#include <cstring>
+extern "C" void* dlopen(const char* file, int flags) {
+  static auto real = reinterpret_cast<void* (*)(const char*, int)>(dlsym(RTLD_NEXT, "dlopen"));
+  return file != nullptr && std::strstr(file, "libmklml_intel") != nullptr ? nullptr : real(file, flags);
+}
+"""
+
+NO_MKL_SCRIPT = """
+import sys
+import numpy as np
+import paddlenlp_ops
+from test_rollout_ops import threaded_op_inputs, threaded_op_results
+results = threaded_op_results(paddlenlp_ops, *threaded_op_inputs())
+assert not any("libmklml_intel" in line for line in open("/proc/self/maps")), "Paddle's MKL was loaded"
+np.savez(sys.argv[1], *results)
+"""
+
+
+def test_sampling_and_token_logprobs_run_on_one_thread_where_paddle_has_no_mkl(ops, tmp_path):
+    """Without MKL there are no MKL threads to spread rows over: the two ops run on the calling thread and give
+    what they give on MKL's two threads."""
+    needs_gxx()
+    shim, script, saved = tmp_path / "no_mkl.so", tmp_path / "no_mkl.py", tmp_path / "results.npz"
+    source = tmp_path / "no_mkl.cc"
+    source.write_text(NO_MKL_SHIM)
+    subprocess.run(["g++", "-shared", "-fPIC", "-O1", str(source), "-o", str(shim), "-ldl"], check=True)
+    script.write_text(NO_MKL_SCRIPT)
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join([os.path.join(tests, "csrc"), tests, os.path.join(REPO_ROOT, "llm"), REPO_ROOT])
+    env = dict(os.environ, LD_PRELOAD=str(shim), MKL_NUM_THREADS="2", OMP_NUM_THREADS="2", PYTHONPATH=path)
+    run = subprocess.run([sys.executable, str(script), str(saved)], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    without = np.load(saved)
+    with mkl_local_threads(2):
+        expected = threaded_op_results(ops, *threaded_op_inputs())
+    for index, value in enumerate(expected):
+        np.testing.assert_array_equal(without[f"arr_{index}"], value)
 
 
 # ---- history, stop flags, bookkeeping -----------------------------------------------------------

@@ -12,7 +12,8 @@ from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer, LlamaCon
 
 from helpers import built_paddlenlp_ops
 from paddle_alignment import custom_ops
-from paddle_alignment.models.native_forward import SWITCH as NATIVE_SWITCH
+from paddle_alignment.models.fused_kernels import fused_ops
+from paddle_alignment.models.native_forward import SWITCH as NATIVE_SWITCH, native_ops
 from paddle_alignment.rollout import decode as infer_utils
 from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
 
@@ -231,6 +232,30 @@ def test_an_other_paddlenlp_ops_falls_back_to_generate_with_one_warning(monkeypa
     finally:
         custom_ops.paddlenlp_ops_with.cache_clear()
 
+
+
+def test_without_paddles_mkl_the_fast_loop_samples_on_paddles_forward_with_one_warning(
+        ops, monkeypatch, tiny_world, tokenizer, caplog):
+    """A Paddle built without MKL (WITH_MKL=OFF, as for ARM CPUs) has none for the native decoder's and the fused
+    attention's products: those fall back to Paddle's ops, said once, and the rollout ops, which need no
+    products, still run the fast loop."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
+    items = eval_items(tiny_world, tokenizer, 4)
+    greedy = SamplingConfig(max_dec_len=4, greedy=True)
+    with_mkl = generate_rollouts(model, tokenizer, items, 1, greedy)
+    monkeypatch.setattr(custom_ops, "paddle_library", lambda pattern: None)
+    custom_ops.paddlenlp_ops_with.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger=custom_ops.logger.name):
+            assert infer_utils.rollout_ops() is ops
+            assert native_ops() is None and fused_ops() is None
+            without = generate_rollouts(model, tokenizer, items, 1, greedy)
+            generate_rollouts(model, tokenizer, items, 1, greedy)
+        warnings = [r.getMessage() for r in caplog.records if "no MKL" in r.getMessage()]
+        assert len(warnings) == 1 and "fused_attention" in warnings[0]
+        np.testing.assert_array_equal(without.input_ids.numpy(), with_mkl.input_ids.numpy())
+    finally:
+        custom_ops.paddlenlp_ops_with.cache_clear()
 
 
 def test_weights_sliced_by_sharding_stage_3_decode_through_generate(ops, tiny_world):

@@ -41,9 +41,9 @@ from paddle_alignment.custom_ops import paddlenlp_ops_with
 from paddle_alignment.models.tensor_parallel import is_dist_tensor
 
 SWITCH = "PADDLE_ALIGNMENT_FUSED_KERNELS"
-FUSED_OPS = (
-    "fused_rms_norm", "fused_add_rms_norm", "fused_swiglu", "fused_rotary", "fused_token_logprobs", "fused_attention"
-)
+FUSED_OPS = ("fused_rms_norm", "fused_add_rms_norm", "fused_swiglu", "fused_rotary", "fused_token_logprobs")
+# Apart from the rest: its products need Paddle's MKL (custom_ops.MKL_OPS), the elementwise ops do not.
+ATTENTION_OPS = ("fused_attention",)
 
 RMS_NORMS = (qwen2_modeling.Qwen2RMSNorm, llama_modeling.LlamaRMSNorm)
 MLPS = (qwen2_modeling.Qwen2MLP, llama_modeling.LlamaMLP)
@@ -61,6 +61,12 @@ def fused_ops(names=FUSED_OPS, instead="the model runs Paddle's unfused ops"):
     if os.environ.get(SWITCH, "on").lower() == "off":
         return None
     return paddlenlp_ops_with(names, instead)
+
+
+def attention_ops():
+    """The `paddlenlp_ops` module when it provides the fused attention op and Paddle has the MKL it computes with,
+    else None (said once): paddlenlp's own attention runs."""
+    return fused_ops(ATTENTION_OPS, "attention runs paddlenlp's scaled_dot_product_attention")
 
 
 def fusable(*tensors):
@@ -250,7 +256,7 @@ class FusedAttention:
     def __call__(self, query, config, key, value, attention_mask, output_attentions, *args, **kwargs):
         if config.use_flash_attention:
             return self.original(query, config, key, value, attention_mask, output_attentions, *args, **kwargs)
-        ops = fused_ops()
+        ops = attention_ops()
         if ops is not None and attention_fusable(query, key, value, attention_mask, output_attentions, config, args, kwargs):
             return ops.fused_attention(query, key, value, attention_mask, 1.0 / math.sqrt(query.shape[-1]))[0]
         groups = query.shape[2] // key.shape[2]

@@ -22,6 +22,7 @@ from paddle_alignment.algos.token_stats import (
 )
 from paddle_alignment.models import fused_kernels
 from paddle_alignment.models.fused_kernels import (
+    ATTENTION_OPS,
     FUSED_OPS,
     rms_norm_reference,
     rotary_reference,
@@ -36,7 +37,7 @@ TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 
 @pytest.fixture(scope="module")
 def ops():
-    return built_paddlenlp_ops(FUSED_OPS)
+    return built_paddlenlp_ops(FUSED_OPS + ATTENTION_OPS)
 
 
 def tensor(array, grad=True):
@@ -297,7 +298,7 @@ def test_token_logprobs_and_entropy_function(ops):
 
 def test_functions_fall_back_without_the_ops(monkeypatch):
     """Without paddlenlp_ops (or for tensors the kernels do not take) the functions are Paddle's ops."""
-    monkeypatch.setattr(fused_kernels, "fused_ops", lambda: None)
+    monkeypatch.setattr(fused_kernels, "fused_ops", lambda *args: None)
     logits = tensor(randn(2, 3, 11))
     labels = paddle.to_tensor(RNG.integers(0, 11, size=(2, 3)).astype("int64"))
     for a, e in zip(token_logprobs_and_entropy(logits, labels, 0.9), reference_token_stats(logits, labels, 0.9)):
@@ -380,7 +381,7 @@ def test_patched_model_matches_unpatched(ops, model_class, config_class, overrid
     assert use_fused_kernels(model) == 4 * layers + 1
     assert use_fused_kernels(model) == 0  # patching twice changes nothing
     counting = CountingOps(ops)
-    monkeypatch.setattr(fused_kernels, "fused_ops", lambda: counting)
+    monkeypatch.setattr(fused_kernels, "fused_ops", lambda *args: counting)
     logits, param_grads = logits_and_grads(model, *inputs)
     assert counting.calls == {
         "fused_rms_norm": 2 * layers + 1, "fused_swiglu": layers, "fused_rotary": layers, "fused_attention": layers,
@@ -404,7 +405,7 @@ def test_patched_model_under_recompute(ops, granularity, monkeypatch):
     model.recompute_enable()
     use_fused_kernels(model)
     counting = CountingOps(ops)
-    monkeypatch.setattr(fused_kernels, "fused_ops", lambda: counting)
+    monkeypatch.setattr(fused_kernels, "fused_ops", lambda *args: counting)
     logits, param_grads = logits_and_grads(model, *inputs)
     # The recomputed part runs its ops twice: forward, then again before its backward.
     assert counting.calls["fused_attention"] == 2 * model.config.num_hidden_layers
@@ -430,7 +431,7 @@ def test_patched_attention_falls_back_where_the_op_does_not_apply(ops, model_cla
     original_attn_func = attention.attn_func
     use_fused_kernels(model)
     counting = CountingOps(ops)
-    monkeypatch.setattr(fused_kernels, "fused_ops", lambda: counting)
+    monkeypatch.setattr(fused_kernels, "fused_ops", lambda *args: counting)
     actual = run()
     assert "fused_attention" not in counting.calls and counting.calls["fused_rotary"] == model.config.num_hidden_layers
     assert_close(actual.logits, expected.logits)
@@ -444,7 +445,7 @@ def test_qwen2_attention_dropout_in_training_runs_paddlenlp_attention(ops, monke
     model = tiny_causal_lm(Qwen2ForCausalLM, Qwen2Config, attention_dropout=0.5)
     use_fused_kernels(model)
     counting = CountingOps(ops)
-    monkeypatch.setattr(fused_kernels, "fused_ops", lambda: counting)
+    monkeypatch.setattr(fused_kernels, "fused_ops", lambda *args: counting)
     inputs = batch()
     model.train()
     logits_and_grads(model, *inputs)

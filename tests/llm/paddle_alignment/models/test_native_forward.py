@@ -19,7 +19,7 @@ from paddle_alignment.algos.token_stats import gather_logprobs, position_ids_fro
 from paddle_alignment.cpu_runtime import cpu_vendor_and_flags, mkl_local_threads, mklml, read_cpuinfo
 from paddle_alignment.experience import Experience
 from paddle_alignment.models import native_forward, ppo_model_utils
-from paddle_alignment.models.fused_kernels import FUSED_OPS
+from paddle_alignment.models.fused_kernels import ATTENTION_OPS, FUSED_OPS
 from paddle_alignment.models.fused_kernels import SWITCH as FUSED_SWITCH
 from paddle_alignment.models.head_logprobs import head_logits, head_token_stats
 from paddle_alignment.models.native_forward import NATIVE_OPS, NativeDecoder
@@ -35,7 +35,7 @@ VOCAB = 97
 
 @pytest.fixture(scope="module")
 def ops():
-    return built_paddlenlp_ops(FUSED_OPS + NATIVE_OPS)
+    return built_paddlenlp_ops(FUSED_OPS + ATTENTION_OPS + NATIVE_OPS)
 
 
 def tiny_model(architecture, tie_word_embeddings=False, max_positions=64, **overrides):

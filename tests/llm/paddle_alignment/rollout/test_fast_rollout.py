@@ -12,7 +12,7 @@ from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer, LlamaCon
 
 from helpers import built_paddlenlp_ops
 from paddle_alignment import custom_ops
-from paddle_alignment.models.fused_kernels import fused_ops
+from paddle_alignment.models.fused_kernels import attention_ops, fused_ops
 from paddle_alignment.models.native_forward import SWITCH as NATIVE_SWITCH, native_ops
 from paddle_alignment.rollout import decode as infer_utils
 from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
@@ -237,8 +237,8 @@ def test_an_other_paddlenlp_ops_falls_back_to_generate_with_one_warning(monkeypa
 def test_without_paddles_mkl_the_fast_loop_samples_on_paddles_forward_with_one_warning(
         ops, monkeypatch, tiny_world, tokenizer, caplog):
     """A Paddle built without MKL (WITH_MKL=OFF, as for ARM CPUs) has none for the native decoder's and the fused
-    attention's products: those fall back to Paddle's ops, said once, and the rollout ops, which need no
-    products, still run the fast loop."""
+    attention's products: those fall back to Paddle's ops, each said once, and the ops that need no products
+    (the rollout ops, the fused elementwise ops) still run: the fast loop samples on Paddle's forward."""
     model = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
     items = eval_items(tiny_world, tokenizer, 4)
     greedy = SamplingConfig(max_dec_len=4, greedy=True)
@@ -247,12 +247,13 @@ def test_without_paddles_mkl_the_fast_loop_samples_on_paddles_forward_with_one_w
     custom_ops.paddlenlp_ops_with.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger=custom_ops.logger.name):
-            assert infer_utils.rollout_ops() is ops
-            assert native_ops() is None and fused_ops() is None
+            assert infer_utils.rollout_ops() is ops and fused_ops() is ops
+            assert attention_ops() is None and native_ops() is None
             without = generate_rollouts(model, tokenizer, items, 1, greedy)
             generate_rollouts(model, tokenizer, items, 1, greedy)
-        warnings = [r.getMessage() for r in caplog.records if "no MKL" in r.getMessage()]
-        assert len(warnings) == 1 and "fused_attention" in warnings[0]
+        warnings = sorted(r.getMessage() for r in caplog.records if "no MKL" in r.getMessage())
+        assert len(warnings) == 2
+        assert "['fused_attention']" in warnings[0] and "native_decoder_forward" in warnings[1]
         np.testing.assert_array_equal(without.input_ids.numpy(), with_mkl.input_ids.numpy())
     finally:
         custom_ops.paddlenlp_ops_with.cache_clear()

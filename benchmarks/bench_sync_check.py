@@ -6,8 +6,9 @@ The trainer's rollout worker (config/tiny/grpo_argument.json; the model a freshl
 the demo's shape, or --model) publishes --versions policy versions into a folder, and a sampler's worker over
 its own copy of the model loads each one, as in a decoupled run, alternately with `rollout_sync_check` on and
 off (a folder each). Prints the medians of each side's seconds per version (the trainer: publish_weights, the probe's
-forward included when on; the sampler: update_weights, load and verify), and the check's cost per side as the
-difference, `check_ms=<trainer + sampler>` last. Set it beside the step of `bench_grpo.py -- --rollout_mode
+forward included when on; the sampler: update_weights, load and verify), what the probe itself takes (its
+floor: the pass each side must run), and the check's cost per side as the difference, `check_ms=<trainer +
+sampler>` last. Set it beside the step of `bench_grpo.py -- --rollout_mode
 decoupled` on the same machine: on a CPU the sampler shares the trainer's cores, so both sides count.
 """
 
@@ -32,7 +33,11 @@ from llm.tools.build_tiny_model import build_tiny_model  # noqa: E402
 from llm.tools.build_tokenizer import build_tokenizer  # noqa: E402
 from llm.tools.gen_arith import generate  # noqa: E402
 from paddle_alignment.models.loading import load_causal_lm  # noqa: E402
+from paddle_alignment.models.native_forward import NativeDecoder  # noqa: E402
+from paddle_alignment.rollout import sync_check  # noqa: E402
 from paddle_alignment.rollout.worker import RolloutWorker  # noqa: E402
+
+PROBE_CALLS = 200
 
 
 def pair(model, work):
@@ -80,12 +85,37 @@ def main():
                     seconds["sampler", check].append(time.perf_counter() - published)
     print(f"model: {model}")
     print(describe())
+    print(probe_floor(trainer))
     cost = {}
     for side in ("trainer", "sampler"):
         on, off = (1000 * statistics.median(seconds[side, check]) for check in (True, False))
         cost[side] = on - off
         print(f"{side}: {on:.2f} ms a version with the check, {off:.2f} ms without (medians of {args.versions})")
     print(f"check_ms={cost['trainer'] + cost['sampler']:.2f}")
+
+
+def median_ms(call):
+    seconds = []
+    for _ in range(PROBE_CALLS):
+        started = time.perf_counter()
+        call()
+        seconds.append(time.perf_counter() - started)
+    return 1000 * statistics.median(seconds)
+
+
+def probe_floor(worker):
+    """The probe's log-probs alone, in words (medians of PROBE_CALLS calls): what each side computes per version,
+    and, where the native op runs it, the part that is its forward."""
+    with paddle.no_grad():
+        whole = median_ms(lambda: sync_check.probe_logprobs(worker))
+        native = NativeDecoder.for_model(worker.policy)
+        if native is None:
+            return f"the probe's log-probs alone: {whole:.2f} ms (the micro-batch pass)"
+        probe, temperature = sync_check.NATIVE_PROBES[worker.policy], worker.sampling.temperature
+        forward = median_ms(lambda: probe.logprobs(native, temperature))
+        finding = median_ms(lambda: NativeDecoder.for_model(worker.policy))
+    return (f"the probe's log-probs alone: {whole:.2f} ms, of which the native op's forward and the log-probs "
+            f"{forward:.2f} ms, finding the op's weights {finding:.2f} ms (medians of {PROBE_CALLS})")
 
 
 if __name__ == "__main__":

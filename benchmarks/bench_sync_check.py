@@ -28,6 +28,7 @@ configure_cpu_runtime()  # before paddle loads
 import paddle  # noqa: E402
 
 from bench_grpo import CONFIG  # noqa: E402
+from bench_native_forward import timed  # noqa: E402
 from llm.alignment.ppo.run_ppo import build_trainer  # noqa: E402
 from llm.tools.build_tiny_model import build_tiny_model  # noqa: E402
 from llm.tools.build_tokenizer import build_tokenizer  # noqa: E402
@@ -95,12 +96,7 @@ def main():
 
 
 def median_ms(call):
-    seconds = []
-    for _ in range(PROBE_CALLS):
-        started = time.perf_counter()
-        call()
-        seconds.append(time.perf_counter() - started)
-    return 1000 * statistics.median(seconds)
+    return statistics.median(timed(call) for _ in range(PROBE_CALLS))
 
 
 def probe_floor(worker):

@@ -36,7 +36,6 @@ def load_on_this_rank(folder, degree, way):
     """One rank's load (run under launch); prints `added_gb parameter_gb seconds`."""
     import paddle.distributed as dist
     from paddle.distributed import fleet
-    from paddlenlp.transformers import AutoModelForCausalLM
 
     from paddle_alignment.distributed import rendezvous_each_gloo_group_apart
     from paddle_alignment.models.loading import causal_lm_class, from_folder, split_from_folder
@@ -50,9 +49,9 @@ def load_on_this_rank(folder, degree, way):
     options = {"dtype": "float32"}
     before, start = current_rss_gb(), time.perf_counter()
     if way == "split":
-        model = split_from_folder(folder, AutoModelForCausalLM, causal_lm_class, options, degree)
+        model = split_from_folder(folder, causal_lm_class, options, degree)
     else:
-        model = shard_model(from_folder(folder, AutoModelForCausalLM, causal_lm_class, options), degree)
+        model = shard_model(from_folder(folder, causal_lm_class, options), degree)
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     held = sum(local_value(p)._numel() * local_value(p).element_size() for p in model.parameters()) / 2**30

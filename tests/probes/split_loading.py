@@ -23,7 +23,6 @@ configure_cpu_runtime()  # MKL's code path and threads for this CPU, before padd
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 import paddle.distributed as dist  # noqa: E402
-from paddlenlp.transformers import AutoModelForCausalLM  # noqa: E402
 
 from paddle_alignment.config.arguments import parse_arguments  # noqa: E402
 from paddle_alignment.distributed import finish_distributed_run  # noqa: E402
@@ -45,7 +44,7 @@ def logits(model):
 def compare(folder, training_args):
     split_model = load_causal_lm(folder, training_args)
     split = local_parts(split_model)
-    whole_model = from_folder(folder, AutoModelForCausalLM, causal_lm_class, load_options(training_args))
+    whole_model = from_folder(folder, causal_lm_class, load_options(training_args))
     shapes = {name: list(tensor.shape) for name, tensor in whole_model.state_dict().items()}
     reference_model = with_cpu_kernels(shard_model(whole_model, 2), training_args)  # the kernels load_causal_lm adds
     reference = local_parts(reference_model)

@@ -18,11 +18,13 @@ import json
 import os
 
 import paddle
-from paddlenlp.transformers import AutoConfig
 from paddlenlp.transformers.model_utils import no_init_weights
 from paddlenlp.utils.log import logger
 from safetensors import safe_open
 from safetensors.paddle import save_file
+
+from paddle_alignment.models.checkpoint_config import read_config
+from paddle_alignment.models.rope import use_rope_tables
 
 SAFE_WEIGHTS = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
@@ -97,15 +99,11 @@ def is_transposed(name, shape):
 
 
 def model_class_config(folder, options):
-    """(config, model keyword arguments) as paddlenlp's from_pretrained makes them from `options`: the
-    config's own attributes set on it, the others left for the model's constructor; `dtype` on the config."""
-    options = dict(options)
-    dtype = options.pop("dtype", None)
-    config, model_kwargs = AutoConfig.from_pretrained(folder, return_unused_kwargs=True, **options)
+    """read_config's (config, model keyword arguments), for a folder that stores every projection apart."""
+    config, model_kwargs = read_config(folder, options)
     fused = [flag for flag in FUSED_LAYOUT_FLAGS if getattr(config, flag, False)]
     if fused:
         raise ValueError(f"{fused} fuse projections that {folder} (Hugging Face layout) stores apart: load it without them")
-    config.dtype = dtype or config.dtype or "float32"
     return config, model_kwargs
 
 
@@ -115,7 +113,8 @@ def build_model(folder, class_for_config, options):
     random initialisation that was most of a load's time."""
     config, model_kwargs = model_class_config(folder, options)
     with paddle.LazyGuard(), no_init_weights():
-        return class_for_config(config)._from_config(config, dtype=config.dtype, **model_kwargs)
+        model = class_for_config(config)._from_config(config, dtype=config.dtype, **model_kwargs)
+    return use_rope_tables(model)
 
 
 def tensor_index(folder, paths, model, hf_layout):

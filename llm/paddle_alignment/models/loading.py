@@ -15,7 +15,9 @@ from paddlenlp.transformers.tokenizer_utils_fast import PretrainedTokenizerFast
 from paddlenlp.utils.log import logger
 
 from paddle_alignment.models.fused_kernels import use_fused_kernels
+from paddle_alignment.models.checkpoint_config import read_config
 from paddle_alignment.models.hf_layout import safetensors_files, weight_files
+from paddle_alignment.models.rope import use_rope_tables
 from paddle_alignment.models.score_model import AutoModelForScore
 from paddle_alignment.models.split_loading import load_hf_folder, load_split
 from paddle_alignment.models.tensor_parallel import shard_model
@@ -49,7 +51,7 @@ def tensor_parallel_degree(training_args):
 def load_causal_lm(path, training_args, recompute_granularity=None):
     """The causal LM at `path`, split over the tensor-parallel group."""
     options = load_options(training_args, recompute_granularity)
-    model = split_from_folder(path, AutoModelForCausalLM, causal_lm_class, options, tensor_parallel_degree(training_args))
+    model = split_from_folder(path, causal_lm_class, options, tensor_parallel_degree(training_args))
     return with_cpu_kernels(model, training_args)
 
 
@@ -57,16 +59,16 @@ def load_score_model(path, training_args, recompute_granularity=None, **score_op
     """The score model (backbone + score head) at `path` with `score_options`, split over the
     tensor-parallel group; a causal LM's path gives its backbone and a fresh head."""
     options = {**score_options, **load_options(training_args, recompute_granularity)}
-    model = split_from_folder(path, AutoModelForScore, AutoModelForScore.class_for, options, tensor_parallel_degree(training_args))
+    model = split_from_folder(path, AutoModelForScore.class_for, options, tensor_parallel_degree(training_args))
     return with_cpu_kernels(model, training_args)
 
 
 def pretrained_causal_lm(path, **options):
     """The causal LM at `path` in either layout, with from_pretrained's `options` (dtype, config attributes)."""
-    return from_folder(path, AutoModelForCausalLM, causal_lm_class, options)
+    return from_folder(path, causal_lm_class, options)
 
 
-def split_from_folder(path, auto_class, class_for_config, options, degree):
+def split_from_folder(path, class_for_config, options, degree):
     """from_folder's model split over `degree` tensor-parallel ranks: from safetensors each rank reads only its
     part (split_loading.py); Paddle's pickles (model_state.pdparams) load whole on every rank first."""
     found = safetensors_files(path) if degree > 1 else None
@@ -77,14 +79,16 @@ def split_from_folder(path, auto_class, class_for_config, options, degree):
             f"{path} holds no safetensors: every rank loads the whole model, then keeps its part "
             "(from safetensors, in Hugging Face's or paddlenlp's layout, each rank reads only its part)"
         )
-    return shard_model(from_folder(path, auto_class, class_for_config, options), degree)
+    return shard_model(from_folder(path, class_for_config, options), degree)
 
 
-def from_folder(path, auto_class, class_for_config, options):
-    """The model at `path`: from a Hugging Face-layout folder by hf_layout.py, else by paddlenlp's loader."""
+def from_folder(path, class_for_config, options):
+    """The model `class_for_config(config)` of the folder `path`, its config read by read_config: from a Hugging
+    Face-layout folder by hf_layout.py, else by paddlenlp's loader; its RoPE tables as transformers computes them."""
     if weight_files(path):
         return load_hf_folder(path, class_for_config, **options)
-    return auto_class.from_pretrained(path, **options)
+    config, model_kwargs = read_config(path, options)
+    return use_rope_tables(class_for_config(config).from_pretrained(path, config=config, **model_kwargs))
 
 
 def causal_lm_class(config):

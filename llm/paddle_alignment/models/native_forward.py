@@ -218,8 +218,8 @@ class NativeDecoder:
     def rope_tables(self, length):
         """cos and sin of positions [0, length): [length, head_dim] float32 (the model's own tables)."""
         probe = paddle.empty([1], dtype="float32")
-        cos, sin = self.rotary_emb(probe, seq_len=length)
-        return cos.reshape([length, -1]), sin.reshape([length, -1])
+        cos, sin = self.rotary_emb(probe, seq_len=length)  # [1, at least length, 1, head_dim]
+        return cos[0, :length, 0], sin[0, :length, 0]
 
     def new_cache(self, batch, length):
         """Keys and values of every layer: [layers, 2, batch, kv_heads, length, head_dim]."""

@@ -72,8 +72,8 @@ class StaticCacheDecoder:
         valid = paddle.concat([prompt_mask, paddle.ones([batch_size, max_len - prompt_len], prompt_mask.dtype)], axis=1)
         lowest = paddle.finfo(paddle.float32).min
         self.key_mask = ((1 - valid.astype("float32")) * lowest).reshape([batch_size, 1, 1, 1, max_len])
-        cos, sin = attention.rotary_emb(self.keys[0], seq_len=max_len)  # [1, max_len, 1, head_dim]
-        self.cos, self.sin = cos.astype(dtype), sin.astype(dtype)
+        cos, sin = attention.rotary_emb(self.keys[0], seq_len=max_len)  # [1, at least max_len, 1, head_dim]
+        self.cos, self.sin = cos[:, :max_len].astype(dtype), sin[:, :max_len].astype(dtype)
         self.position = 0
 
     def rope(self, q, k, start):

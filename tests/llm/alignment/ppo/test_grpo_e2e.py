@@ -129,7 +129,7 @@ def test_a_run_with_an_environment_and_no_reward_source_is_scored_by_its_returns
     are the trainer's."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(REPO_ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
     run_grpo(tiny_world, tmp_path, use_rule_reward=False, environment="tool_samples:GuessTheNumber", max_turns=3,
-             max_dec_len=60, max_length=76, max_steps=2, eval_steps=0, save_steps=0)
+             max_dec_len=90, max_length=106, max_steps=2, eval_steps=0, save_steps=0)
     turns, rewards = logged(tmp_path / "vdl", "train/multi_turn/turns"), logged(tmp_path / "vdl", "train/reward_mean")
     assert len(turns) == 2 and min(turns) > 2 and all(0 <= r <= 1 for r in rewards)
     assert max(logged(tmp_path / "vdl", "train/multi_turn/env_errors")) == 0

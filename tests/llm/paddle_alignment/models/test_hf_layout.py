@@ -14,6 +14,7 @@ from helpers import transformers_python
 from paddle_alignment.models.hf_layout import SAFE_INDEX, hf_config, safetensors_files, save_hf_weights, weight_files
 from paddle_alignment.models.split_loading import load_hf_folder
 from paddle_alignment.models.loading import load_score_model, pretrained_causal_lm
+from paddle_alignment.models.rope import use_rope_tables
 from paddle_alignment.models.score_model import AutoModelForScore
 
 INPUT_IDS = [[1, 5, 9, 20, 7, 250]]
@@ -22,10 +23,12 @@ SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_l
 
 
 def tiny_model(model_class=Qwen2ForCausalLM, config_class=Qwen2Config, **changes):
+    """A random model with the RoPE tables every loader gives (transformers' numbers, where paddlenlp's own
+    tables differ in the last bit), so that a loaded copy's logits equal it exactly."""
     paddle.seed(0)
     model = model_class(config_class(architectures=[model_class.__name__], **{**SMALL, **changes}))
     model.eval()
-    return model
+    return use_rope_tables(model)
 
 
 def logits(model, ids=INPUT_IDS):

@@ -1,0 +1,59 @@
+"""A model folder's config.json, read the same way for every layout and loader, as transformers 4 and 5 and
+paddlenlp write it.
+
+paddlenlp builds its Qwen2 and Llama from the fields it knows and keeps any other field as an unused
+attribute: a field that changes the model's math and that paddlenlp does not implement would give wrong
+logits with no error. `read_config` puts the RoPE settings into the one spelling every reader honours
+(models/rope.py) and refuses, naming the field, what the models here cannot compute: heads whose size is not
+hidden_size / num_attention_heads, Llama's attention and MLP biases, sliding-window attention that a sequence
+could reach.
+"""
+
+from paddlenlp.transformers import AutoConfig
+
+from paddle_alignment.models.rope import canonical_rope
+
+
+def read_config(folder, options):
+    """(config, model keyword arguments) of `folder` as paddlenlp's from_pretrained makes them from `options`:
+    the config's own attributes set on it, the others left for the model's constructor; `dtype` (else the
+    folder's own, else float32) on the config. A field the models cannot honour is a ValueError naming it."""
+    options = dict(options)
+    dtype = options.pop("dtype", None)
+    config, model_kwargs = AutoConfig.from_pretrained(folder, return_unused_kwargs=True, **options)
+    try:
+        canonical_rope(config)
+        refuse_unsupported(config)
+    except ValueError as error:
+        raise ValueError(f"{folder}/config.json: {error}") from None
+    config.dtype = dtype or config.dtype or "float32"
+    return config, model_kwargs
+
+
+def refuse_unsupported(config):
+    """A ValueError naming the first field of `config` that changes the math in a way the models here lack."""
+    heads = config.hidden_size // config.num_attention_heads
+    if getattr(config, "head_dim", None) not in (None, heads):
+        raise ValueError(f"head_dim {config.head_dim} differs from hidden_size / num_attention_heads ({heads}), "
+                         f"which the {config.model_type} models here use")
+    for field in ("attention_bias", "mlp_bias"):
+        if config.model_type == "llama" and getattr(config, field, False):
+            raise ValueError(f"{field} true: the Llama model here has no such biases")
+    window, sliding = getattr(config, "sliding_window", None), sliding_layers(config)
+    if sliding and (window is None or window < config.max_position_embeddings):
+        raise ValueError(f"layer_types / use_sliding_window: sliding-window attention (window {window} on layers "
+                         f"{sliding}) is not supported; only full attention is")
+
+
+def sliding_layers(config):
+    """The layers `config` gives sliding-window attention: its `layer_types` (transformers 5), else the layers
+    from max_window_layers on when use_sliding_window is set (Qwen2's rule in transformers 4)."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise ValueError(f"layer_types {unknown} are not supported; only full_attention and sliding_attention are")
+        return [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
+    if not getattr(config, "use_sliding_window", False):
+        return []
+    return list(range(getattr(config, "max_window_layers", 0), config.num_hidden_layers))

@@ -1,0 +1,89 @@
+"""Writes the model folders of tests/data/transformers5 with transformers 5 itself, and the logits it computes on
+them, for the tests that load such folders here (tests/llm/paddle_alignment/models/test_rope.py).
+
+    /path/to/a/python/with/transformers5/and/torch tests/data/transformers5/make_folders.py
+
+Each family's weights (random, seeded; 2 layers, heads of 16) are saved once by `save_pretrained` into
+`<family>/`; each case is a config.json as the case's writer spells it (transformers 5's `rope_parameters`, or
+the `rope_scaling` block that transformers 4 users paste in) and `logits.npy`: what transformers computes from
+the family's weights under that config for INPUT_IDS at POSITIONS, far past the original context where the
+case scales it.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import torch
+import transformers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+INPUT_IDS = [[3, 17, 5, 28, 9, 31, 2, 11], [7, 7, 19, 4, 25, 13, 30, 1]]
+POSITIONS = [list(range(8)), list(range(20000, 20008))]
+SHAPE = dict(vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+             num_key_value_heads=1)
+FAMILIES = {
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+              dict(tie_word_embeddings=True, max_position_embeddings=32768, rms_norm_eps=1e-6)),
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+              dict(tie_word_embeddings=False, max_position_embeddings=131072, rms_norm_eps=1e-5)),
+}
+LLAMA3_1 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# name: (family, the config.json fields of the case; "_v4": spelled as transformers 4 wrote them)
+CASES = {
+    "qwen2_default": ("qwen2", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
+    "qwen2_yarn": ("qwen2", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                                                 "original_max_position_embeddings": 32768},
+                             "max_position_embeddings": 131072}),
+    # Qwen2.5's model card: add this block to a transformers 4 config.json for contexts past 32,768.
+    "qwen2_yarn_v4": ("qwen2", {"rope_theta": 1e6, "max_position_embeddings": 131072,
+                                "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}),
+    "llama3_1": ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, **LLAMA3_1}}),
+    "llama3_1_v4": ("llama", {"rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", **LLAMA3_1}}),
+    "llama_linear": ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}}),
+    "llama_dynamic": ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}),
+}
+
+
+def save_family(name):
+    config_class, model_class, fields = FAMILIES[name]
+    torch.manual_seed(0)
+    model = model_class(config_class(**SHAPE, **fields))
+    with torch.no_grad():  # weights far from the initialiser's near-zero, so positions matter to the logits
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3)
+    folder = os.path.join(HERE, name)
+    shutil.rmtree(folder, ignore_errors=True)
+    model.save_pretrained(folder)
+
+
+def save_case(name, family, fields):
+    """The case's config.json (the family's, with `fields` instead of its RoPE fields) and transformers' logits."""
+    config = json.load(open(os.path.join(HERE, family, "config.json")))
+    for key in ("rope_parameters", "rope_theta", "rope_scaling"):
+        config.pop(key, None)
+    config.update(fields)
+    case = os.path.join(HERE, name)
+    os.makedirs(case, exist_ok=True)
+    with open(os.path.join(case, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    with tempfile.TemporaryDirectory() as folder:
+        shutil.copy(os.path.join(HERE, family, "model.safetensors"), folder)
+        shutil.copy(os.path.join(case, "config.json"), folder)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        with torch.no_grad():
+            logits = model(torch.tensor(INPUT_IDS), position_ids=torch.tensor(POSITIONS)).logits
+    np.save(os.path.join(case, "logits.npy"), logits.numpy())
+
+
+if __name__ == "__main__":
+    assert transformers.__version__.startswith("5."), transformers.__version__
+    for family in FAMILIES:
+        save_family(family)
+    for case, (family, fields) in CASES.items():
+        save_case(case, family, fields)
+    with open(os.path.join(HERE, "inputs.json"), "w") as f:
+        json.dump({"input_ids": INPUT_IDS, "position_ids": POSITIONS, "transformers": transformers.__version__}, f)
+        f.write("\n")

@@ -19,7 +19,8 @@ from paddlenlp.trainer import TrainingArguments  # noqa: E402
 
 from llm.alignment.rm.run_reward import RewardDataArgument, RewardModelArgument, RewardTrainingArguments  # noqa: E402
 from llm.run_finetune import FinetuneDataArgument, FinetuneModelArgument  # noqa: E402
-from paddle_alignment.config.arguments import GROUPS, DataArgument, ModelArgument  # noqa: E402
+from paddle_alignment.config.arguments import GROUPS  # noqa: E402
+from paddle_alignment.config.model import DataArgument, ModelArgument  # noqa: E402
 from paddle_alignment.config.paddlenlp_keys import ALIASES, NO_EFFECT  # noqa: E402
 
 PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "configuration.md")

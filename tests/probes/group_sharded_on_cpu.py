@@ -34,7 +34,7 @@ from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_stage2
 from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_stage3 as stage3  # noqa: E402
 from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_storage as storage  # noqa: E402
 
-from paddle_alignment.config import arguments  # noqa: E402
+from paddle_alignment.config import layout  # noqa: E402
 
 SEGMENT_SIZE = 256
 
@@ -80,8 +80,8 @@ for module in (stage3, optimizer_stage2):
     module.paddle = Replaced(paddle, get_device=lambda: "cpu:0")
 paddle.Tensor.cuda = lambda tensor, *args, **kwargs: tensor
 sharding.group_sharded_parallel = group_sharded_parallel
-check_parallel_degrees = arguments.check_parallel_degrees
-arguments.check_parallel_degrees = lambda args, world_size, on_accelerator: check_parallel_degrees(args, world_size, True)
+check_parallel_degrees = layout.check_parallel_degrees
+layout.check_parallel_degrees = lambda args, world_size, on_accelerator: check_parallel_degrees(args, world_size, True)
 
 if __name__ == "__main__":
     sys.argv = sys.argv[1:]

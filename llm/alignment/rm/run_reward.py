@@ -23,12 +23,8 @@ import paddle
 from paddlenlp.trainer import TrainingArguments, set_seed
 
 from paddle_alignment.algos import PAIRWISE_LOSSES
-from paddle_alignment.config.arguments import (
-    ModelKernelArguments,
-    check_launch_layout,
-    parse_arguments,
-    runs_on_accelerator,
-)
+from paddle_alignment.config.arguments import parse_arguments
+from paddle_alignment.config.layout import ModelKernelArguments, check_launch_layout, runs_on_accelerator
 from llm.alignment.rm.reward_trainer import RewardTrainer
 from paddle_alignment.checkpoints.folders import output_dir_claimed
 from paddle_alignment.data import PreferenceCollator, PreferenceDataset

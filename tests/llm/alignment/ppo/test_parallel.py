@@ -16,7 +16,7 @@ from paddlenlp.transformers import AutoModelForCausalLM
 from safetensors import safe_open
 
 from helpers import FROZEN_RUN, REPO_ROOT, first_step, launch_two, launch_two_processes, numpy_gae, paddlenlp_messages, parse, small_run_argv
-from paddle_alignment.config.arguments import check_parallel_degrees
+from paddle_alignment.config.layout import check_parallel_degrees
 
 PROBES = os.path.join(REPO_ROOT, "tests", "probes")
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")

@@ -12,9 +12,10 @@ from helpers import REPO_ROOT, BASE, parse
 from llm.alignment.rm.run_reward import ARGUMENT_CLASSES as REWARD_ARGUMENTS
 from llm.run_finetune import ARGUMENT_CLASSES as FINETUNE_ARGUMENTS
 from llm.tools.build_real_model import real_config
-from paddle_alignment.config.arguments import (
-    ARGUMENT_CLASSES, DecoupledRolloutArguments, MultiTurnArguments, check_parallel_degrees, parse_arguments,
-)
+from paddle_alignment.config.arguments import ARGUMENT_CLASSES, parse_arguments
+from paddle_alignment.config.decoupled import DecoupledRolloutArguments
+from paddle_alignment.config.layout import check_parallel_degrees
+from paddle_alignment.config.multi_turn import MultiTurnArguments
 from paddle_alignment.config.paddlenlp_keys import canonical_options
 from paddle_alignment.models.tensor_parallel import check_splittable
 

@@ -128,10 +128,9 @@ inline int MaxThreads() {
 }
 
 // Products of a few rows (the decode step's: one row per sequence) cut into column slices, one per MKL thread.
-// MKL threads one such product poorly: on 2 cores, [16, 896] @ [896, 4864] with the weight read from memory
-// ran at 60 GFLOP/s, and cut into two slices run as one batched call (each slice on one thread) at 100; the
-// layers' other shapes gained 1.4-1.7x, 32 rows 1.1x, 256 rows nothing (2026-11-26). A transposed b (the tied
-// LM head) is left whole: MKL threads it well (75 GFLOP/s, sliced 60-69).
+// MKL threads one such product poorly: cut into slices run as one batched call (each slice on one thread) it runs
+// faster up to a few dozen rows, and no faster at hundreds (csrc/README.md gives the figures). A transposed b (the
+// tied LM head) is left whole: MKL threads it well, better than sliced.
 constexpr int64_t kSlicedMaxRows = 64;
 constexpr int64_t kSliceAlign = 16;  // slice widths in floats: a 64-byte line
 
@@ -164,9 +163,8 @@ class ColumnProducts {
 
 // MKL's packed form of a product's b (cblas_sgemm_pack): made once per decode session, then read by every step's
 // product of few rows (cblas_sgemm_compute), which MKL runs much closer to its peak than the same product on the
-// plain b, sliced or not: on 2 cores, at 16 rows, [16, 896] @ [896, 4864] 96-117 GFLOP/s against 48-93, the
-// tied head [16, 896] @ [151,936, 896]^T 96 against 56-65; at 4 rows 56 against 17-25 (2026-11-27). A product
-// of up to kSlicedMaxRows rows may use it, whatever row count it was packed for.
+// plain b, sliced or not (csrc/README.md gives the figures). A product of up to kSlicedMaxRows rows may use it,
+// whatever row count it was packed for.
 constexpr int kPackedMatrix = 151, kPackB = 162;
 
 inline int64_t PackedFloats(int64_t n, int64_t k) {

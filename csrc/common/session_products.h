@@ -2,9 +2,8 @@
 // made once per session in one of two forms, chosen when it is made and recorded at its start:
 //  - panels, on CPUs with AVX-512: b cut into panels of 16 columns, each panel's k rows of 16 floats contiguous.
 //    Each step streams every panel once per 16 rows of a, two panels at a time against up to 16 rows (32 register
-//    accumulators, the rows' values broadcast from a transposed copy of a), prefetching 4 KiB ahead. On 2 cores of an
-//    Intel Xeon (AVX-512), the tied head [16, 896] x [151,936, 896]^T took 26 ms where MKL's packed form took 40-50
-//    and reading its 545 MB took 20 (2026-11-28, csrc/README.md);
+//    accumulators, the rows' values broadcast from a transposed copy of a), prefetching 4 KiB ahead, near the
+//    memory bandwidth where MKL's packed form is not (csrc/README.md gives the figures);
 //  - MKL's packed form (cblas_sgemm_pack / cblas_sgemm_compute) elsewhere, or with
 //    PADDLE_ALIGNMENT_PANEL_PRODUCTS=off.
 // Used by decoder_ops.cc (native_packed_products and the decode steps that read its buffer).

@@ -1,7 +1,8 @@
 """CPU math-library settings that must be in the environment before `paddle` is imported.
 
 Paddle's CPU wheel multiplies matrices with MKL (libmklml_intel). On AMD CPUs MKL picks its generic
-code path, about 3x slower than its AVX2 one; `MKL_DEBUG_CPU_TYPE=5` makes it take the AVX2 path.
+code path, several times slower than its AVX2 one (docs/performance.md); `MKL_DEBUG_CPU_TYPE=5` makes it
+take the AVX2 path.
 MKL reads the variable once, at its first call (measured: set after the first product it has no
 effect), so it is set before `import paddle`.
 
@@ -147,7 +148,7 @@ def keep_freed_memory():
 
 def openmp_workers_sleep_when_idle():
     """Have this process's OpenMP workers (MKL's threads) sleep as soon as a parallel region ends instead of
-    spinning for 200 ms (Intel OpenMP's KMP_BLOCKTIME), so that another process can use the cores they leave
+    spinning (Intel OpenMP's KMP_BLOCKTIME), so that another process can use the cores they leave
     between matrix products. Paddle's CPU wheel ships Intel OpenMP as libs/libiomp5.so; returns False where
     this paddle has none (its OpenMP then keeps its own waiting policy)."""
     library = paddle_library("libiomp5*.so*")

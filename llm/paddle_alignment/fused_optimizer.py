@@ -1,8 +1,8 @@
 """Paddle's AdamW and global-norm gradient clip, stepping every float32 CPU tensor in one fused op.
 
-Paddle's CPU optimizer runs one `adamw_` per parameter at about 5 ns a float, and its global-norm clip
-four ops per parameter: 10-13 ms per step of the demo policy (1M parameters in 50 tensors), a sixth of its
-GRPO update; 4-6 ms with these (benchmarks/bench_optimizer.py). The ops of csrc/optimizer_ops.cc take the
+Paddle's CPU optimizer runs one `adamw_` per parameter, and its global-norm clip four ops per parameter: on a
+small policy of many tensors the dispatch is a large share of the update (benchmarks/bench_optimizer.py
+measures both). The ops of csrc/optimizer_ops.cc take the
 whole list at once: `fused_adamw` (Paddle's formula, equal to its `adamw_` to a float32 rounding),
 `fused_square_sum` (double accumulation) and `fused_scale`.
 

@@ -1,6 +1,6 @@
 """How long a wait that could hang a run may last: a deadline derived from the RL steps this process has
-timed, so that a frozen sampler or reward server ends a run of 0.1 s steps within a minute and never ends a
-healthy run of 10-minute steps.
+timed, so that a frozen sampler or reward server ends a run of sub-second steps within a minute and never
+ends a healthy run of long steps.
 
 The trainer times its steps on STEPS (`begin()` when training starts, `step_done()` after each RL step).
 Before a step has been timed (loading models, the first batch) a wait may last STARTUP_SECONDS; after,

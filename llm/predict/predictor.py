@@ -5,8 +5,8 @@
     python llm/predict/predictor.py --model_name_or_path checkpoints/grpo/policy --chat
 
 Prompts are built exactly as for RL training (data/datasets.py `format_prompt`): a `src` is used as it is,
-a chat history goes through the tokenizer's chat template. Decoding runs on the rollout engine
-(infer_utils.generate_rollouts: the fast decode loop when paddlenlp_ops is built).
+a chat history goes through the tokenizer's chat template. Decoding runs on the rollout's decode loop
+(rollout/decode.py generate_rollouts: the fast loop when paddlenlp_ops is built, else generate()).
 """
 
 import json

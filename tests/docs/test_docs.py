@@ -102,6 +102,25 @@ def test_the_readme_stays_short():
     assert len(read("README.md").splitlines()) <= 300
 
 
+# A dated or timed figure: a date, a duration in (milli/micro)seconds, a rate; in the code, a speed-up too.
+TIMED = r"20\d\d-\d\d-\d\d|\b\d+(\.\d+)? ?(ms|us|µs)\b|\b\d+\.\d+ ?s\b|GFLOP/s|GB/s"
+MEASURED = {"README.md": re.compile(TIMED), "code": re.compile(TIMED + r"|\b\d+(\.\d+)?x (faster|slower)\b")}
+SOURCES = ("llm/**/*.py", "csrc/*.cc", "csrc/**/*.h", "csrc/**/*.cuh")
+
+
+def test_dated_and_measured_figures_live_in_results_not_in_the_code_or_the_readme():
+    """Figures belong to benchmarks/RESULTS.md (and the docs page that owns them), dated there once: code
+    comments say why, and the README states a claim with at most one undated figure, linking to them."""
+    found = [
+        f"{os.path.relpath(path, REPO_ROOT)}:{number}: {line.strip()}"
+        for pattern in SOURCES + ("README.md",)
+        for path in glob.glob(os.path.join(REPO_ROOT, pattern), recursive=True)
+        for number, line in enumerate(open(path, encoding="utf-8"), start=1)
+        if MEASURED.get(pattern, MEASURED["code"]).search(line)
+    ]
+    assert found == []
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_every_relative_link_resolves(page):
     broken = []

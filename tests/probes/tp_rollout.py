@@ -5,7 +5,7 @@
 
 Each data rank takes its share of 16 eval prompts (all of them in one process). Rank 0 writes to OUT.json the
 prompts' indices, the response token ids without their padding (sampled ones drawn after `paddle.seed(7)`), whether the actor's
-weights are split over a tensor-parallel group, and the warnings the rollout engine logged (a fallback to
+weights are split over a tensor-parallel group, and the warnings the decode loop logged (a fallback to
 generate() among them); every rank writes the same of its own to OUT.json.rankN.
 """
 

@@ -12,7 +12,7 @@ Paddle's unfused ops to 1e-5 in float32:
   softmax(logits / temperature) in one op (the trainer's log-prob path);
 - `fused_attention` (csrc/attention_ops.cc): the attention layers' core, softmax(q k^T / sqrt(d) + mask) v,
   with grouped-query heads read in place (paddlenlp repeats k and v in memory, and its gradient sums them
-  back: together about 10 ms of the demo's 11 ms per layer, forward and backward).
+  back: most of a small layer's time, forward and backward).
 
 Each falls back to Paddle's own ops where the fused op does not apply (ops not built, not a float32 CPU
 tensor, a distributed tensor), so callers need no checks of their own.
@@ -22,7 +22,7 @@ per instance (the RMSNorms' and MLPs' `forward`; the attention layers' rotary st
 and `use_unfused_kernels(model)` takes them out again. Patched models train under recompute. The fast decode
 loop (models/static_cache_decoder.py) keeps its own norm/rope/MLP code, which the patch does not reach; it
 can call `rms_norm`, `rotary` and `swiglu` directly. The residual add is not fused into the layers (that
-would mean replacing paddlenlp's decoder-layer forward for about 0.1 ms per add); `add_rms_norm` is there
+would mean replacing paddlenlp's decoder-layer forward for one small op per layer); `add_rms_norm` is there
 for code that owns its layer loop.
 """
 

@@ -43,12 +43,10 @@ logger = logging.getLogger(__name__)
 NATIVE_OPS = ("native_decoder_forward", "native_packed_products")
 # The decode steps of a session with at most PACKED_MAX_ROWS rows (csrc/common/mkl_gemm.h's kSlicedMaxRows) and at
 # least PACKED_MIN_STEPS new tokens to go run their large products on MKL's packed form of their weights
-# (NativeDecoder.for_session). At Qwen2.5-0.5B's shape the op's decode step took, packed against the plain weights
-# (bench_real_size.py --mode packing, 2026-11-27, 2 cores), 76 against 119 ms at 1 row, 64 against 152 at 4, 120
-# against 172 at 8, 189 against 208 at 16, 288 against 313 at 32; packing took 0.9-4.7 s. Against the sessions
-# before packing (the tied head copied, the products sliced) it gained up to 12 rows, nothing from 16.
-# A model under PACKED_MIN_PARAMETERS is not packed: its weights stay in the cache, and packing costs more than it
-# saves (the demo's 1M-parameter model: 80-120 ms a session, where its decode step takes a few ms).
+# (NativeDecoder.for_session): few-row products read packed weights near MKL's peak, and the steps repay the
+# packing (bench_real_size.py --mode packing measures both; benchmarks/RESULTS.md). A model under
+# PACKED_MIN_PARAMETERS is not packed: its weights stay in the cache, and packing a session costs more than its
+# decode steps take.
 PACKED_MAX_ROWS, PACKED_MIN_STEPS, PACKED_MIN_PARAMETERS = 64, 64, 1 << 24
 SWITCH = "PADDLE_ALIGNMENT_NATIVE_FORWARD"
 
@@ -129,7 +127,7 @@ WEIGHT_SLOTS = weakref.WeakKeyDictionary()  # model -> weight_slots(model): foun
 def weight_slots(model):
     """Where each tensor the op reads lives, in the op's order (csrc/README.md): (a layer, its attribute), read at
     every pass, so that a parameter replaced or moved is seen. Like structure_reason, found once per model: the
-    walk through every layer took most of a small model's `for_model` (0.12 of 0.23 ms, the demo's shape)."""
+    walk through every layer was most of a small model's `for_model`."""
     if model not in WEIGHT_SLOTS:
         base = getattr(model, model.base_model_prefix)
         with_bias = has_qkv_bias(base.layers[0].self_attn)  # the op's has_qkv_bias, which NativeDecoder passes

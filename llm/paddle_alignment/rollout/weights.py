@@ -9,8 +9,7 @@ of a fully trained policy; the samplers load the same base weights at start.
 A version older than the oldest one a request can still name has expired. Publishing reuses an expired
 file: renamed to the temp name, its header's version and its tensors' bytes are overwritten in place, and
 it is renamed to the new version's name. Its pages are already in memory, so this is a copy of the
-tensors: publishing the demo's 1M-parameter policy takes 1.5 ms instead of 2.7 (the write itself 0.5
-instead of 2.8), on the trainer's critical path. A sampler compares the version in the header before and
+tensors, not a new file's allocation: publishing is on the trainer's critical path. A sampler compares the version in the header before and
 after it reads, so a file reused while it is read (which the request protocol rules out) stops the
 sampler with an error instead of mixing two policies. The other expired files are removed.
 """

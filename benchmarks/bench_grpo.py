@@ -48,7 +48,7 @@ DEMO_SFT = os.path.join(REPO_ROOT, "tiny_demo", "checkpoints", "sft")
 # (compute_logprobs called inside compute_reference_logprobs is counted once).
 PHASES = {"make_experience": "rollout", "compute_reference_logprobs": "reference", "compute_logprobs": "reference",
           "compute_values": "values", "update": "update"}
-WORKER_METHODS = ("compute_reference_logprobs", "compute_logprobs")
+WORKER_METHODS = ("compute_reference_logprobs", "compute_logprobs", "compute_values")
 
 
 def time_phases(trainer):
@@ -74,7 +74,7 @@ def time_phases(trainer):
         return wrapper
 
     for name in PHASES:
-        owner = trainer.rollout_worker if name in WORKER_METHODS else trainer
+        owner = trainer.rollout.worker if name in WORKER_METHODS else trainer
         setattr(owner, name, timed(name, getattr(owner, name)))
     record = sync_check.record
 
@@ -124,7 +124,7 @@ def main():
     ])
     trainer.prepare_training()
     batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size)
-    trainer.rollout.start(trainer.rollout_worker, 0)
+    trainer.rollout.start(0, trainer.offload)
     try:
         for _ in range(args.warmup):
             trainer.advance(batches)

@@ -5,7 +5,7 @@ spends re-prefilling the trajectory so far, against the rest of the rollout.
     python benchmarks/bench_multi_turn.py --model PATH --batches 5 [-- --key value ...]
     python benchmarks/bench_multi_turn.py --prefill_model PATH --rows 16 --history 256,1024,2048
 
-Each turn of a multi-turn rollout decodes from the whole trajectory so far (agents/rollout.py): its prefill
+Each turn of a multi-turn rollout decodes from the whole trajectory so far (agents/trajectories.py): its prefill
 computes again the KV cache of the prompt, the earlier turns and the observations, where a carried cache would
 prefill only the observation. The first mode runs --batches rollout batches of config/tiny/grpo_tool_argument.json
 (arguments after `--` override it) with the tool demo's SFT policy (`python -m llm.tools.tiny_demo --tools`
@@ -86,7 +86,7 @@ def rollout_mode(args):
         CONFIG, "--actor_model_name_or_path", args.model, "--eval_datasets", "", "--output_dir", os.path.join(work, "out"),
         "--logging_dir", os.path.join(work, "vdl"), *args.overrides,
     ])
-    worker, dataset = trainer.rollout_worker, trainer.train_dataset
+    worker, dataset = trainer.rollout.worker, trainer.train_dataset
     size = trainer.args.per_device_prompt_batch_size
     worker.generate([dataset[i] for i in range(size)], seed=0)  # warm-up
     print(f"model: {args.model}")

@@ -125,7 +125,7 @@ def run_ours(args, model, prompts):
     ])
     trainer.prepare_training()
     batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size)
-    trainer.rollout.start(trainer.rollout_worker, 0)
+    trainer.rollout.start(0, trainer.offload)
     phases, sampling = time_phases(trainer)
     reset_peak_rss()
     started = time.perf_counter()
@@ -135,7 +135,7 @@ def run_ours(args, model, prompts):
         trainer.rollout.close()
     seconds = time.perf_counter() - started
     policy = sum(int(p.numel()) for p in trainer.model.parameters())
-    reference = sum(int(p.numel()) for p in trainer.rollout_worker.reference_model.parameters())
+    reference = sum(int(p.numel()) for p in trainer.rollout.worker.reference_model.parameters())
     print(json.dumps({
         "seconds": seconds, "phases": dict(phases), "sampling": sampling["sampling"], "peak_rss_gb": step_peak_rss_gb(),
         "process_peak_rss_gb": peak_rss_gb(),

@@ -50,7 +50,7 @@ def pair(model, work):
         "--use_rm_server", "false", "--use_rule_reward", "true",
     ])
     sampler = RolloutWorker(trainer.args, load_causal_lm(model, trainer.args), trainer.tokenizer, reward_scorer=None)
-    return trainer.rollout_worker, sampler
+    return trainer.rollout.worker, sampler
 
 
 def main():

@@ -72,6 +72,13 @@ def collective(what):
     return watchdog.guarded("collective", f"{what} over {dist.get_world_size()} ranks")
 
 
+def barrier():
+    """Every rank waits here for the others (nothing to wait for in one process)."""
+    if is_distributed():
+        with collective("a barrier"):
+            dist.barrier()
+
+
 def hybrid_communicate_group():
     """fleet's hybrid communicate group once fleet hybrid parallel is initialised, else None."""
     return getattr(fleet.fleet, "_hcg", None)

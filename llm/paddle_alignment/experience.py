@@ -28,7 +28,7 @@ class Experience:
     advantages       [B, R] float32
     values           [B, R] float32  critic values at rollout time (PPO)
     returns          [B, R] float32  the critic's targets (PPO)
-    turn_stats       [B, K] float32  a multi-turn trajectory's counters (agents/rollout.py TURN_STATS; None
+    turn_stats       [B, K] float32  a multi-turn trajectory's counters (agents/trajectories.py TURN_STATS; None
                                      single-turn). Multi-turn, the response axis holds the sampled turns and
                                      the observations between them: attention_mask is 1 on both,
                                      response_mask on the sampled tokens only

@@ -45,23 +45,23 @@ def freeze_weight_publication(version):
 
 
 def after_checkpoint(step, action):
-    """Run `action(trainer)` once checkpoint-`step` is written."""
+    """Run `action(run)` once checkpoint-`step` is written (`run`: the RunState it holds)."""
     save_checkpoint = saving.save_checkpoint
 
-    def saving_then_acting(trainer):
-        save_checkpoint(trainer)
-        if trainer.state.global_step == step:
-            action(trainer)
+    def saving_then_acting(run):
+        save_checkpoint(run)
+        if run.trainer_state.global_step == step:
+            action(run)
 
     saving.save_checkpoint = saving_then_acting
 
 
-def stop_samplers(trainer):
-    for sampler in trainer.rollout.processes:
+def stop_samplers(run):
+    for sampler in run.pending.processes:  # the trainer's decoupled rollout
         os.kill(sampler.pid, signal.SIGSTOP)
 
 
-def stop_rank_1(trainer):
+def stop_rank_1(run):
     if int(os.environ.get("PADDLE_TRAINER_ID", "0")) == 1:
         os.kill(os.getpid(), signal.SIGSTOP)
 

@@ -32,7 +32,8 @@ from paddle_alignment.models.head_logprobs import ChunkedHeadStats  # noqa: E402
 from paddle_alignment.models.tensor_parallel import local_value, whole  # noqa: E402
 from paddle_alignment.offload import optimizer_tensors  # noqa: E402
 from paddle_alignment.rollout import ColocatedRollout, RolloutBatch  # noqa: E402
-from paddle_alignment.rollout.decode import left_pad, package_rollouts  # noqa: E402
+from paddle_alignment.rollout.decode import package_rollouts  # noqa: E402
+from paddle_alignment.tokens import left_pad  # noqa: E402
 
 # Added to the right sum: the answers of one group, the first one right.
 ANSWER_OFFSETS = (0, 1, -1, 10)
@@ -73,12 +74,12 @@ def first_steps_metrics(argv):
     """The trainer after `max_steps` steps on fixed rollouts, with its final models written; the last step's
     experience and metrics."""
     trainer = run_ppo.build_trainer(argv)
-    trainer.rollout = FixedRollouts(trainer.rollout_worker)
+    trainer.rollout = FixedRollouts(trainer.rollout.worker)
     trainer.prepare_training()
     batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size)
     for _ in range(trainer.args.max_steps):
         exp, metrics = trainer.advance(batches)
-    save_final_models(trainer)
+    save_final_models(trainer.run_state())
     return trainer, exp, metrics
 
 

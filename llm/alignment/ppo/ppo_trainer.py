@@ -1,10 +1,12 @@
 """RL trainer: orchestration only. One step is rollout -> reward -> log-probs (and values) -> advantages
 -> update of the actor (and critic) -> log.
 
-The math lives in paddle_alignment's `algos/` (selected by config names), generation, scoring and the
-behaviour and reference log-probs in its rollout worker (`rollout/worker.py`), rewards in `rewards/`, the
-critic in `models/score_model.py`. paddlenlp's `Trainer` supplies the actor's optimizer,
-data-parallel wrapping, callbacks (progress bar, VisualDL) and RNG-state restore.
+The math lives in paddle_alignment's `algos/` (selected by config names, their options the config's keys);
+the experience comes from one rollout handle, `self.rollout` (rollout/engines.py: generation and scoring,
+then the behaviour and reference log-probs and the critic's values the run needs); rewards in `rewards/`, the
+critic in `models/score_model.py`; checkpoints hold what `run_state` hands them (checkpoints/saving.py); each
+layout's optimizer step is optimizer_step.py's. paddlenlp's `Trainer` supplies the actor's optimizer,
+data-parallel wrapping and callbacks (progress bar, VisualDL).
 """
 
 import json
@@ -13,30 +15,26 @@ import os
 import time
 
 import numpy as np
-import paddle
 import paddle.distributed as dist
-from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
-    HybridParallelOptimizer,
-    obtain_optimizer_parameters_list,
-)
 from paddle.io import DistributedBatchSampler
 from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import Trainer
 from paddlenlp.utils.log import logger
 
 from paddle_alignment import watchdog
-from paddle_alignment.agents.rollout import called_tools, turn_metrics
-from paddle_alignment.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
+from paddle_alignment.agents.trajectories import called_tools, turn_metrics
+from paddle_alignment.algos.advantages import AdvantageEstimation
 from paddle_alignment.algos.losses import LossScale
 from paddle_alignment.algos.masked import masked_mean
 from paddle_alignment.algos.metrics import explained_variance, is_maximum, rlhf_objective_metrics, score_part_metrics
-from paddle_alignment.algos.registry import call_with_options
 from paddle_alignment.algos.reward_shaping import groups_with_reward_variance, shape_rewards
 from paddle_alignment.algos.schedules import build_lr_scheduler
 from paddle_alignment.checkpoints import saving as checkpoint_io
-from paddle_alignment.checkpoints.folders import barrier, output_dir_claimed
+from paddle_alignment.checkpoints.saving import CRITIC_OPTIMIZER_NAME, CRITIC_SCHEDULER_NAME, FinalModel, TrainedModel
+from paddle_alignment.checkpoints.folders import output_dir_claimed
 from paddle_alignment.distributed import (
     all_reduce_scalars,
+    barrier,
     collective,
     data_parallel_rank_and_size,
     is_distributed,
@@ -46,44 +44,18 @@ from paddle_alignment.distributed import (
 )
 from paddle_alignment.data import IGNORE_INDEX
 from paddle_alignment.experience import Experience
-from paddle_alignment.fused_optimizer import FusedOptimizerMixin, build_optimizer, gradient_norm
-from paddle_alignment.group_sharded import forwards_in_lockstep, measure_gradient_norm, measured_clip
+from paddle_alignment.fused_optimizer import FusedOptimizerMixin, build_optimizer
+from paddle_alignment.group_sharded import forwards_in_lockstep, measure_gradient_norm
 from paddle_alignment.micro_batches import MicroBatching
 from paddle_alignment.models.lora_utils import is_lora
-from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective, response_token_stats
+from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective, response_token_stats, response_values
 from paddle_alignment.models.score_model_utils import RunningMeanStd
-from paddle_alignment.models.tensor_parallel import average_gradients_over_data_ranks, is_tensor_parallel, whole
 from paddle_alignment.offload import OffloadPlan
+from paddle_alignment.optimizer_step import step_optimizer
 from paddle_alignment.rollout import ColocatedRollout, RolloutTiming
 from paddle_alignment.rollout.decode import draw_seed
-from paddle_alignment.rollout.worker import RolloutWorker
+from paddle_alignment.rollout.worker import ExperienceNeeds, RolloutWorker
 from paddle_alignment.split_training import SplitModelMixin
-
-
-def response_values(critic, exp):
-    """Critic values of the states before each response token: [B, R] (float32)."""
-    scores = critic(input_ids=exp.input_ids, attention_mask=exp.attention_mask).scores[..., 0]
-    return scores[:, exp.prompt_len - 1 : -1]
-
-
-def hybrid_parallel_step(optimizer):
-    """fleet's HybridParallelOptimizer.step in its two halves, returning the pre-clip gradient norm measured
-    between them: under fleet hybrid parallel, gradients are reduced inside step(), not during backward,
-    under sharding each to the sharding rank that updates the parameter. The norm is therefore each
-    sharding rank's own parameters' norm, squared and summed over the sharding group (as fleet's
-    HybridParallelClipGrad sums it)."""
-    parameters = list(obtain_optimizer_parameters_list(optimizer._inner_opt))
-    optimizer._hybrid_sync_grad(parameters)
-    hcg = optimizer._hcg
-    if hcg.get_sharding_parallel_world_size() > 1:
-        own = optimizer._inner_opt.filter_parameters(parameters, hcg)
-        square = paddle.to_tensor(gradient_norm(own) ** 2, dtype="float64")
-        dist.all_reduce(square, group=hcg.get_sharding_parallel_group())
-        grad_norm = float(square.sqrt())
-    else:
-        grad_norm = gradient_norm(parameters)
-    optimizer._step(parameters)
-    return grad_norm
 
 
 def token_weighted_means(sums):
@@ -95,9 +67,10 @@ def token_weighted_means(sums):
 class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
     def __init__(
         self, model, reference_model, tokenizer, args, train_dataset, eval_dataset, reward_scorer,
-        critic_model=None, ptx_dataset=None, lora_save_merged=False, export_hf=False, rollout=None,
+        critic_model=None, ptx_dataset=None, lora_save_merged=False, export_hf=False, rollout=ColocatedRollout,
     ):
-        """`rollout`: where the batches of rollouts come from (rollout/engines.py); default the trainer itself."""
+        """`rollout`: the engine (rollout/engines.py), called with the worker over this trainer's models; the
+        default samples each batch in this process."""
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, tokenizer=tokenizer)
         self.reference_model = reference_model
         self.reward_scorer = reward_scorer
@@ -107,10 +80,10 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         self.ptx_dataset = ptx_dataset
         self.lora_save_merged = lora_save_merged
         self.export_hf = export_hf
-        self.rollout_worker = RolloutWorker(
-            args, model, tokenizer, reward_scorer, reference_model, autocast=self.autocast_smart_context_manager
-        )
-        self.rollout = rollout or ColocatedRollout(self.rollout_worker)
+        self.rollout = rollout(RolloutWorker(
+            args, model, tokenizer, reward_scorer, reference_model, critic_model,
+            ExperienceNeeds.for_trainer(args, critic_model), autocast=self.autocast_smart_context_manager,
+        ))
         watchdog.WATCHDOG.configure(args.watchdog_timeout)
         if args.uses_reference_model and reference_model is None and not is_lora(model):
             raise ValueError("the KL term needs a reference model (or a LoRA actor, whose base weights serve as one)")
@@ -118,28 +91,27 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         # Batches drawn from the prompt (train) and ptx data; more than one prompt batch per step with
         # dynamic sampling, so resume needs the counts.
         self.batches_drawn = {"train": 0, "ptx": 0}
-        self.advantage_fn = ADVANTAGE_ESTIMATORS.get(args.rl_algorithm)
+        self.advantages = AdvantageEstimation.from_args(args)
         self.policy_objective = PolicyObjective.from_args(args)
         self.value_objective = ValueObjective.from_args(args)
-        # With a single optimizer step per rollout the policy has not moved when the loss is computed,
-        # so the old log-probs equal the current ones (detached): one forward pass saved, unless the
-        # token rewards need them before the update (a KL penalty in the reward). Batches sampled ahead
-        # (decoupled rollout) bring the log-probs of the policy that sampled them.
-        self.needs_old_logprobs = args.optimizer_steps_per_rl_step > 1 or args.kl_in_reward
-        self.offload = self.offload_plan()
 
-    def offload_plan(self):
-        """`offload_level`'s plan over the models and the optimizers created so far (the rollout worker's passes
-        follow it too)."""
-        plan = OffloadPlan.from_level(
-            self.args.offload_level, self.args.device,
-            # The reward model, when rewards come from one, sits in its scorer.
-            frozen=[self.reference_model, getattr(self.reward_scorer, "model", None)],
-            trained=[self.model, self.critic],
-            optimizers=[self.optimizer, getattr(self, "critic_optimizer", None)],
+    def run_state(self):
+        """What this run's checkpoints hold, handed to checkpoints/saving.py."""
+        trained = [TrainedModel("policy", self.model, self.model_wrapped, self.optimizer, self.lr_scheduler)]
+        finals = [FinalModel("policy", self.model)]
+        if self.critic is not None:
+            trained.append(TrainedModel(
+                "value", self.critic, getattr(self, "critic_wrapped", self.critic), self.critic_optimizer,
+                self.critic_lr_scheduler, CRITIC_OPTIMIZER_NAME, CRITIC_SCHEDULER_NAME,
+            ))
+            finals.append(FinalModel("value", self.critic))
+        finals += [FinalModel("policy_merged", self.model, merge_lora=True)] if self.lora_save_merged else []
+        finals += [FinalModel("policy_hf", self.model, is_lora(self.model), hf_layout=True)] if self.export_hf else []
+        return checkpoint_io.RunState(
+            self.args, self.state, self.tokenizer, trained, finals,
+            stateful={"reward_normalizer": self.reward_normalizer} if self.reward_normalizer is not None else {},
+            data_position={"batches_drawn": self.batches_drawn}, pending=self.rollout, reward=self.reward_scorer,
         )
-        self.rollout_worker.offload = plan
-        return plan
 
     # ---- set-up -------------------------------------------------------------------------------------
 
@@ -212,7 +184,7 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         evaluates = self.eval_dataset is not None and args.evaluation_strategy != "no"
         try:
-            self.rollout.start(self.rollout_worker, start_step)
+            self.rollout.start(start_step, self.offload)
             watchdog.STEPS.begin(start_step)  # loading models and starting samplers is not a step
             self.train_steps(batches, start_step, evaluates)
         finally:
@@ -221,8 +193,8 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
             self.log_evaluation("eval")
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         if args.save_strategy != "no":
-            checkpoint_io.save_checkpoint(self)
-        checkpoint_io.save_final_models(self)
+            checkpoint_io.save_checkpoint(self.run_state())
+        checkpoint_io.save_final_models(self.run_state())
 
     def train_steps(self, batches, start_step, evaluates):
         args = self.args
@@ -238,14 +210,14 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
             if evaluates and self.is_interval_step(args.evaluation_strategy, args.eval_steps, step):
                 self.log(self.evaluate())
             if self.is_interval_step(args.save_strategy, args.save_steps, step):
-                checkpoint_io.save_checkpoint(self)
+                checkpoint_io.save_checkpoint(self.run_state())
 
     def advance(self, batches):
         """One RL step, after which the policy is at the next version (state.global_step)."""
         exp, metrics = self.rl_step(batches)
         watchdog.STEPS.step_done()
         self.state.global_step += 1
-        self.rollout.policy_updated(self.rollout_worker, self.state.global_step)
+        self.rollout.policy_updated(self.state.global_step)
         return exp, metrics
 
     def steps_per_epoch(self):
@@ -274,12 +246,12 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         """A rerun of a finished run changes nothing, except that it writes the final models from the last
         checkpoint when a crash came between that checkpoint and the final save."""
         logger.info(f"the run in {self.args.output_dir} already finished at step {step} (max_steps {self.args.max_steps})")
-        folders = [final.folder for final in checkpoint_io.final_models(self)]
+        folders = [final.folder for final in self.run_state().finals]
         missing = [name for name in folders if not os.path.isdir(os.path.join(self.args.output_dir, name))]
         barrier()  # every rank has looked before rank 0 writes, so all agree on whether to save
         if missing:
             logger.info(f"writing the missing final models {', '.join(missing)} from the checkpoint")
-            checkpoint_io.save_final_models(self)
+            checkpoint_io.save_final_models(self.run_state())
 
     def log_evaluation(self, split):
         """Evaluate, log, and write output_dir/{split}_results.json (rank 0)."""
@@ -302,8 +274,17 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
             self.create_critic_optimizer(num_steps)
             self.critic_wrapped, self.critic_optimizer = self.wrap_with_optimizer(self.critic, self.critic_optimizer)
             measure_gradient_norm(self.critic_wrapped, self.critic_optimizer)
-        start_step = checkpoint_io.load_checkpoint(self, resume_from_checkpoint) if resume_from_checkpoint else 0
-        self.offload = self.offload_plan()
+        start_step = 0
+        if resume_from_checkpoint:
+            start_step, position = checkpoint_io.load_checkpoint(self.run_state(), resume_from_checkpoint)
+            self.batches_drawn = position["batches_drawn"]
+        self.offload = OffloadPlan.from_level(
+            self.args.offload_level, self.args.device,
+            # The reward model, when rewards come from one, sits in its scorer.
+            frozen=[self.reference_model, getattr(self.reward_scorer, "model", None)],
+            trained=[self.model, self.critic],
+            optimizers=[self.optimizer, getattr(self, "critic_optimizer", None)],
+        )
         self.offload.offload_all()
         self.ptx_batches = None
         if self.ptx_dataset is not None:
@@ -312,30 +293,10 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         return start_step
 
     def rl_step(self, batches):
-        args = self.args
         started = time.time()
         exp, generation = self.make_experience(batches)
-        if args.rollout_correction and exp.rollout_logprobs is None:
-            raise ValueError(
-                f"rollout_correction={args.rollout_correction} weights the loss by the sampler's log-probs, which only the "
-                "fast decode loop records; this batch was decoded by paddlenlp's generate() (use_fusemt false, paddlenlp_ops "
-                "not built, or a model the fast loop does not run: the log says which)"
-            )
-        with self.offload.on_device("train_model"):
-            if self.needs_old_logprobs and exp.old_logprobs is None:
-                exp.old_logprobs = self.rollout_worker.compute_logprobs(self.model, exp)
-            if self.critic is not None:
-                exp.values = self.compute_values(exp)
-        if args.uses_reference_model and exp.ref_logprobs is None:
-            exp.ref_logprobs = self.rollout_worker.compute_reference_logprobs(exp)
-        advantages = call_with_options(
-            self.advantage_fn, exp.rewards, exp.response_mask, group_index=exp.group_index, values=exp.values,
-            norm_adv_by_std=args.norm_adv_by_std_in_grpo, logprobs=exp.old_logprobs, ref_logprobs=exp.ref_logprobs,
-            kl_coeff=args.kl_coeff if args.kl_in_reward else 0.0, gamma=args.gamma, lam=args.lam,
-            normalize_advantage=args.normalize_advantage, reduce_sum=sum_over_data_ranks,
-            reward_kl=KL_ESTIMATORS.get(args.reward_kl_estimator),
-        )
-        exp.advantages, exp.returns = advantages if isinstance(advantages, tuple) else (advantages, None)
+        exp = self.rollout.complete(exp)
+        exp.advantages, exp.returns = self.advantages(exp, sum_over_data_ranks)
         with self.offload.on_device("train_model", "optimizer"):
             train_stats = self.update(exp)
         metrics = self.rollout_metrics(exp, generation) | train_stats
@@ -419,20 +380,6 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         self.reward_normalizer.update(rewards.unsqueeze(-1))
         return self.reward_normalizer.normalize(rewards.unsqueeze(-1)).squeeze(-1)
 
-    @paddle.no_grad()
-    def compute_values(self, exp):
-        """Critic values at rollout time, in micro-batches of per_device_value_batch_size rows' tokens: [B, R]."""
-        self.critic.eval()
-
-        def values_of(micro):
-            with self.autocast_smart_context_manager():
-                return whole(response_values(self.critic, micro))
-
-        batching = MicroBatching.from_args(self.args, self.args.per_device_value_batch_size)
-        values = batching.run(exp, values_of, forwards_in_lockstep(self.critic))
-        self.critic.train()
-        return values * exp.response_mask
-
     def update(self, exp):
         """`update_iters` passes over micro-batches, one optimizer step of the actor (and critic) every
         `gradient_accumulation_steps`; each step's loss is averaged over the whole step (see LossScale).
@@ -474,9 +421,9 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
                         pool = shares if key.startswith("loss/") else means
                         pool[key] = pool.get(key, 0.0) + float(value)
                 count += 1
-            grad_norms["grad_norm"].append(self.optimizer_step(self.model, self.optimizer, self.lr_scheduler))
+            grad_norms["grad_norm"].append(step_optimizer(self.model, self.optimizer, self.lr_scheduler))
             if self.critic is not None:
-                critic_norm = self.optimizer_step(self.critic, self.critic_optimizer, self.critic_lr_scheduler)
+                critic_norm = step_optimizer(self.critic, self.critic_optimizer, self.critic_lr_scheduler)
                 grad_norms["critic_grad_norm"].append(critic_norm)
         metrics = mean_over_ranks({k: v / len(steps) for k, v in shares.items()} | {k: v / count for k, v in means.items()}, "update metrics")
         metrics |= all_reduce_scalars(maxima, op=dist.ReduceOp.MAX, what="update metrics")
@@ -535,31 +482,6 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         with self.autocast_smart_context_manager():
             values = response_values(self.critic_wrapped, micro)
         return self.value_objective(values, micro.values, micro.returns, micro.response_mask, scale)
-
-    @staticmethod
-    def optimizer_step(model, optimizer, lr_scheduler):
-        """Clip (by the optimizer's global-norm clip), step, schedule; returns the pre-clip norm of the step's
-        gradients (of the whole batch, over every rank)."""
-        group_sharded = measured_clip(optimizer)
-        if isinstance(optimizer, HybridParallelOptimizer):
-            with collective("the optimizer step's gradient reduction"):
-                grad_norm = hybrid_parallel_step(optimizer)
-        elif group_sharded is not None:
-            with collective("the group-sharded step's gradient reduction"):
-                optimizer.step()
-            grad_norm = group_sharded.norm
-        else:
-            # paddle.DataParallel has averaged the gradients over the data ranks during backward; a
-            # tensor-parallel model, which it does not wrap (split_training.py), averages its parts of them now.
-            if is_tensor_parallel(model):
-                average_gradients_over_data_ranks(model.parameters())
-            grad_norm = gradient_norm(model.parameters())
-            optimizer.step()
-        lr_scheduler.step()
-        # Gradients are freed, not zeroed, so an offloaded model leaves no gradient memory on the device
-        # (stages 2 and 3 replace clear_grad by one without arguments that frees their gradients).
-        optimizer.clear_grad() if group_sharded is not None else optimizer.clear_grad(set_to_zero=False)
-        return grad_norm
 
     # ---- metrics, samples, evaluation ---------------------------------------------------------------
 
@@ -630,9 +552,9 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
             batches = int(all_reduce_scalars({"batches": batches}, dist.ReduceOp.MAX, "evaluation batch counts")["batches"])
         for start in range(0, batches * size, size):
             if start >= len(shard):  # in lockstep, out of prompts: generate (a prompt, uncounted) while the peers do
-                self.rollout_worker.greedy_rollouts([dataset[shard[0] if shard else 0]])
+                self.rollout.greedy_rollouts([dataset[shard[0] if shard else 0]])
                 continue
-            exp = self.rollout_worker.greedy_rollouts([dataset[i] for i in shard[start : start + size]])
+            exp = self.rollout.greedy_rollouts([dataset[i] for i in shard[start : start + size]])
             scores = exp.scores.numpy()[~exp.unscored.numpy()] if self.excludes_unread_rows else exp.scores.numpy()
             if self.reward_scorer.max_score is not None:
                 totals["correct"] += float(np.sum(scores >= self.reward_scorer.max_score))

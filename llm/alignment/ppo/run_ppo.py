@@ -27,6 +27,8 @@ from paddle_alignment.distributed import finish_distributed_run
 from paddle_alignment.models.loading import load_tokenizer
 from paddle_alignment.models.rl_models import load_rl_models
 from paddle_alignment.rewards.scoring import build_reward_scorer, reference_checker
+from paddle_alignment.rollout import ColocatedRollout
+from paddle_alignment.rollout.decode import greedy_responses
 from paddle_alignment.rollout.decoupled import DecoupledRollout
 
 
@@ -50,7 +52,7 @@ def build_trainer(argv):
     actor, reference, reward_model, critic = load_rl_models(model_args, training_args)
     columns = {"seed": training_args.seed, "prompt_key": data_args.prompt_key, "label_key": data_args.label_key}
     reward_tokenizer = load_tokenizer(model_args.reward_model_name_or_path) if reward_model is not None else None
-    reward_scorer = build_reward_scorer(training_args, reward_model, reward_tokenizer)
+    reward_scorer = build_reward_scorer(training_args, reward_model, reward_tokenizer, judge_decode=greedy_responses)
 
     environments = training_args.environment_paths
     environment_of = functools.partial(environment_path, environments) if environments else None
@@ -76,7 +78,7 @@ def build_trainer(argv):
         ptx_dataset=SupervisedDataset(data_args.ptx_datasets, tokenizer, data_args.max_length, **columns) if data_args.ptx_datasets else None,
         lora_save_merged=model_args.lora_save_merged,
         export_hf=model_args.export_hf,
-        rollout=DecoupledRollout(training_args, argv) if training_args.rollout_mode == "decoupled" else None,
+        rollout=functools.partial(DecoupledRollout, training_args, argv) if training_args.rollout_mode == "decoupled" else ColocatedRollout,
     )
 
 

@@ -29,7 +29,7 @@ from paddle_alignment.agents.chat_turns import observation_ids
 from paddle_alignment.agents.environments import EnvironmentStep
 from paddle_alignment.agents.tools import ToolCallError, ToolResult, parse_tool_calls
 from paddle_alignment.experience import Experience
-from paddle_alignment.rollout.decode import decode_responses, left_pad
+from paddle_alignment.tokens import decode_responses, left_pad
 
 TURN_STATS = (
     "turns", "tool_calls", "tool_errors", "tool_timeouts", "observations_cut", "truncated", "observation_tokens",

@@ -1,11 +1,45 @@
 """Advantage estimators. Each returns token-level advantages [B, R], zero outside the response mask;
-an estimator that trains a critic (`ppo`) returns (advantages, returns), the returns being the critic's targets."""
+an estimator that trains a critic (`ppo`) returns (advantages, returns), the returns being the critic's targets.
+
+An estimator's parameters are named after what fills them (`AdvantageEstimation`): the batch's tensors
+(rewards, response_mask, group_index, values, logprobs, ref_logprobs), `reduce_sum` (the sum over data ranks),
+and its options, named as their config keys (norm_adv_by_std_in_grpo, gamma, ...). A new estimator is a
+registered function, and any new option a field of AdvantageEstimation with its config key."""
+
+from dataclasses import asdict, dataclass, fields
 
 import paddle
 
-from paddle_alignment.algos.kl import kl_k1
 from paddle_alignment.algos.masked import masked_whiten
-from paddle_alignment.algos.registry import ADVANTAGE_ESTIMATORS
+from paddle_alignment.algos.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, call_with_options
+
+
+@dataclass(frozen=True)
+class AdvantageEstimation:
+    """The run's advantage estimator (`rl_algorithm`) and the options estimators take, each the config key of
+    its name."""
+
+    rl_algorithm: str = "ppo"
+    norm_adv_by_std_in_grpo: bool = True
+    kl_coeff: float = 0.0
+    reward_kl_estimator: str = "k1"
+    gamma: float = 1.0
+    lam: float = 0.95
+    normalize_advantage: bool = False
+
+    @classmethod
+    def from_args(cls, args):
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+    def __call__(self, exp, reduce_sum=None):
+        """(advantages, returns: None but for an estimator that trains a critic), [B, R], of the Experience
+        `exp` (rewards and what the estimator reads of it); `reduce_sum` sums a statistic over the data ranks."""
+        result = call_with_options(
+            ADVANTAGE_ESTIMATORS.get(self.rl_algorithm), exp.rewards, exp.response_mask, group_index=exp.group_index,
+            values=exp.values, logprobs=exp.old_logprobs, ref_logprobs=exp.ref_logprobs, reduce_sum=reduce_sum,
+            **asdict(self),
+        )
+        return result if isinstance(result, tuple) else (result, None)
 
 
 def group_stats(values, group_index):
@@ -21,15 +55,15 @@ def group_stats(values, group_index):
 
 
 @ADVANTAGE_ESTIMATORS.register("grpo", group_baseline=True)
-def grpo_advantages(rewards, response_mask, group_index, norm_adv_by_std=True, epsilon=1e-6):
+def grpo_advantages(rewards, response_mask, group_index, norm_adv_by_std_in_grpo=True, epsilon=1e-6):
     """Group-relative advantages: (r - mean_group) / (std_group + eps), broadcast over the response.
 
-    With `norm_adv_by_std=False` the std division is dropped (Dr.GRPO), so groups with nearly equal
+    With `norm_adv_by_std_in_grpo=False` the std division is dropped (Dr.GRPO), so groups with nearly equal
     rewards are not amplified.
     """
     _, mean, std = group_stats(rewards, group_index)
     scores = rewards - mean
-    if norm_adv_by_std:
+    if norm_adv_by_std_in_grpo:
         scores = scores / (std + epsilon)
     return scores.unsqueeze(-1) * response_mask.astype(rewards.dtype)
 
@@ -80,24 +114,29 @@ def discounted_returns(token_rewards, response_mask, gamma):
     return paddle.stack(returns[::-1], axis=1) * mask
 
 
-def kl_shaped_token_rewards(rewards, response_mask, logprobs=None, ref_logprobs=None, kl_coeff=0.0, reward_kl=kl_k1):
-    """Token rewards of PPO and REINFORCE++: -kl_coeff * KL_t on every token (`reward_kl`, an estimator of
-    kl.py, of the rollout policy's `logprobs` against the reference's: k1 as verl's and PaddleNLP's default)
+def kl_shaped_token_rewards(
+    rewards, response_mask, logprobs=None, ref_logprobs=None, kl_coeff=0.0, reward_kl_estimator="k1"
+):
+    """Token rewards of PPO and REINFORCE++: -kl_coeff * KL_t on every token (`reward_kl_estimator`, an estimator
+    of kl.py, of the rollout policy's `logprobs` against the reference's: k1 as verl's and PaddleNLP's default)
     plus the scalar reward on the last one: [B, R]."""
     token_rewards = last_token_rewards(rewards, response_mask)
     if kl_coeff:
-        token_kl = reward_kl(logprobs, ref_logprobs)
+        token_kl = KL_ESTIMATORS.get(reward_kl_estimator)(logprobs, ref_logprobs)
         token_rewards = token_rewards - kl_coeff * token_kl * response_mask.astype(rewards.dtype)
     return token_rewards
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus", kl_in_reward=True)
 def reinforce_plus_plus_advantages(
-    rewards, response_mask, logprobs=None, ref_logprobs=None, kl_coeff=0.0, gamma=1.0, reduce_sum=None, reward_kl=kl_k1
+    rewards, response_mask, logprobs=None, ref_logprobs=None, kl_coeff=0.0, gamma=1.0, reduce_sum=None,
+    reward_kl_estimator="k1",
 ):
     """REINFORCE++: discounted returns of the KL-shaped token rewards, whitened over every valid token of
     the batch (of every rank, with `reduce_sum`: see masked_whiten). No per-prompt baseline."""
-    token_rewards = kl_shaped_token_rewards(rewards, response_mask, logprobs, ref_logprobs, kl_coeff, reward_kl)
+    token_rewards = kl_shaped_token_rewards(
+        rewards, response_mask, logprobs, ref_logprobs, kl_coeff, reward_kl_estimator
+    )
     returns = discounted_returns(token_rewards, response_mask, gamma)
     return masked_whiten(returns, response_mask, reduce_sum)
 
@@ -105,7 +144,7 @@ def reinforce_plus_plus_advantages(
 @ADVANTAGE_ESTIMATORS.register("ppo", critic=True, kl_in_reward=True)
 def gae_advantages(
     rewards, response_mask, values, logprobs=None, ref_logprobs=None, kl_coeff=0.0, gamma=1.0, lam=0.95,
-    normalize_advantage=True, reduce_sum=None, reward_kl=kl_k1,
+    normalize_advantage=True, reduce_sum=None, reward_kl_estimator="k1",
 ):
     """PPO: generalised advantage estimation on the KL-shaped token rewards with the critic's `values` [B, R].
 
@@ -116,7 +155,9 @@ def gae_advantages(
     returns), both [B, R].
     """
     mask = response_mask.astype(rewards.dtype)
-    token_rewards = kl_shaped_token_rewards(rewards, response_mask, logprobs, ref_logprobs, kl_coeff, reward_kl)
+    token_rewards = kl_shaped_token_rewards(
+        rewards, response_mask, logprobs, ref_logprobs, kl_coeff, reward_kl_estimator
+    )
     values = values * mask
     next_value = paddle.zeros_like(values[:, 0])
     running = paddle.zeros_like(values[:, 0])

@@ -62,10 +62,12 @@ def seq_mean_token_sum_norm(values, mask, scale=None):
 
 
 @POLICY_LOSSES.register("ppo_clip")
-def ppo_clip_policy_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high, clip_ratio_c=0.0):
-    """PPO clipped surrogate with separate bounds: ratio is clipped to [1 - clip_low, 1 + clip_high]; with
-    `clip_ratio_c` > 1, dual-clip PPO caps the loss of negative-advantage tokens at -A * clip_ratio_c
-    (verl's `clip_ratio_c`), so one very unlikely token cannot dominate the step.
+def ppo_clip_policy_loss(logprobs, old_logprobs, advantages, mask, clip_range_ratio_low, clip_range_ratio_high,
+                         clip_ratio_c=0.0):
+    """PPO clipped surrogate with separate bounds (the config keys of its parameters): ratio is clipped to
+    [1 - clip_range_ratio_low, 1 + clip_range_ratio_high]; with `clip_ratio_c` > 1, dual-clip PPO caps the
+    loss of negative-advantage tokens at -A * clip_ratio_c (verl's `clip_ratio_c`), so one very unlikely token
+    cannot dominate the step.
 
     Returns the per-token loss [B, R] and a dict of scalar statistics over valid tokens:
     `clipfrac_low` (negative advantage, ratio below the low bound), `clipfrac_high` (positive
@@ -73,7 +75,9 @@ def ppo_clip_policy_loss(logprobs, old_logprobs, advantages, mask, clip_low, cli
     the dual clip caps), `policy/approxkl_avg` (k3 estimate of KL(old || new)) and the ratio's mean and
     variance `val/ratio`, `val/ratio_var` (TRL's names).
     """
-    return clipped_surrogate(logprobs - old_logprobs, advantages, mask, clip_low, clip_high, clip_ratio_c)
+    return clipped_surrogate(
+        logprobs - old_logprobs, advantages, mask, clip_range_ratio_low, clip_range_ratio_high, clip_ratio_c
+    )
 
 
 def clipped_surrogate(log_ratio, advantages, mask, clip_low, clip_high, clip_ratio_c=0.0):
@@ -142,10 +146,10 @@ def clipped_value_loss(values, old_values, returns, mask, clip_range_value):
 
 
 @POLICY_LOSSES.register("gspo", loss_agg_mode="seq-mean-token-mean")
-def gspo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
+def gspo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_range_ratio_low, clip_range_ratio_high):
     """GSPO: one importance ratio per sequence, exp(mean over its tokens of log pi - log pi_old), clipped
-    to [1 - clip_low, 1 + clip_high]. Written per token as sg[s] * pi / sg[pi], so every token of a
-    response gets the sequence's ratio in value and its own log-prob in the gradient.
+    to [1 - clip_range_ratio_low, 1 + clip_range_ratio_high]. Written per token as sg[s] * pi / sg[pi], so every
+    token of a response gets the sequence's ratio in value and its own log-prob in the gradient.
 
     The objective is a mean over sequences, so it is aggregated with seq-mean-token-mean whatever
     `loss_agg_mode` says (the GSPO paper; verl's compute_policy_loss_gspo); no dual clip (nor in verl).
@@ -153,20 +157,22 @@ def gspo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_hi
     """
     sequence_log_ratio = masked_mean(logprobs - old_logprobs, mask, axis=-1)
     log_ratio = sequence_log_ratio.detach().unsqueeze(-1) + logprobs - logprobs.detach()
-    return clipped_surrogate(log_ratio, advantages, mask, clip_low, clip_high)
+    return clipped_surrogate(log_ratio, advantages, mask, clip_range_ratio_low, clip_range_ratio_high)
 
 
 @POLICY_LOSSES.register("cispo")
-def cispo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
-    """CISPO (MiniMax-M1): -sg(clip(r, 1 - clip_low, 1 + clip_high)) * A * log pi per token. The importance
-    weight is clipped and detached, so no token loses its gradient (PPO's clip drops tokens whose ratio left
-    the range); clip_low 1 sets no lower bound (the paper's choice: it tunes only clip_high).
+def cispo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_range_ratio_low, clip_range_ratio_high):
+    """CISPO (MiniMax-M1): -sg(clip(r, 1 - clip_range_ratio_low, 1 + clip_range_ratio_high)) * A * log pi per
+    token. The importance weight is clipped and detached, so no token loses its gradient (PPO's clip drops
+    tokens whose ratio left the range); clip_range_ratio_low 1 sets no lower bound (the paper's choice: it
+    tunes only clip_range_ratio_high).
     `clipfrac_low` / `clipfrac_high` count the tokens whose weight was clipped."""
     log_ratio = logprobs - old_logprobs
     with paddle.no_grad():
         ratio = bounded_ratio(log_ratio)
-        weight = paddle.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
-        stats = ratio_stats(ratio, log_ratio, mask, ratio < 1.0 - clip_low, ratio > 1.0 + clip_high)
+        weight = paddle.clip(ratio, 1.0 - clip_range_ratio_low, 1.0 + clip_range_ratio_high)
+        low, high = ratio < 1.0 - clip_range_ratio_low, ratio > 1.0 + clip_range_ratio_high
+        stats = ratio_stats(ratio, log_ratio, mask, low, high)
     return -weight * advantages * logprobs, stats
 
 
@@ -187,15 +193,15 @@ def sapo_policy_loss(logprobs, old_logprobs, advantages, mask, sapo_tau_pos=1.0,
 
 
 @POLICY_LOSSES.register("gmpo", loss_agg_mode="seq-mean-token-mean")
-def gmpo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
+def gmpo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_range_ratio_low, clip_range_ratio_high):
     """GMPO (geometric-mean policy optimization): one ratio per sequence, the geometric mean of its tokens'
-    ratios, each token's log-ratio first clipped to [-clip_low, clip_high] on the side its advantage
-    pessimises (as PPO's min, in log space: the paper's range is 0.4 on each side); the sequence's loss is
+    ratios, each token's log-ratio first clipped to [-clip_range_ratio_low, clip_range_ratio_high] on the side its
+    advantage pessimises (as PPO's min, in log space: the paper's range is 0.4 on each side); the sequence's loss is
     -mean(A) * exp(mean clipped log-ratio), given to each of its tokens and aggregated with
     seq-mean-token-mean, so that the step's loss is the mean over sequences (verl's geo_mean)."""
     log_ratio = (logprobs - old_logprobs).clip(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     sign = paddle.sign(advantages)
-    bounded = log_ratio.clip(-clip_low, clip_high)
+    bounded = log_ratio.clip(-clip_range_ratio_low, clip_range_ratio_high)
     pessimistic = sign * paddle.minimum(sign * log_ratio, sign * bounded)
     sequence_ratio = paddle.exp(masked_mean(pessimistic, mask, axis=-1))
     sequence_advantage = masked_mean(advantages, mask, axis=-1)

@@ -17,7 +17,7 @@ from paddlenlp.trainer.trainer import TRAINER_STATE_NAME
 from paddlenlp.trainer.trainer_utils import _re_checkpoint
 from paddlenlp.utils.log import logger
 
-from paddle_alignment.distributed import SLICE_PREFIX, collective, hybrid_communicate_group, is_distributed
+from paddle_alignment.distributed import SLICE_PREFIX, barrier, collective, hybrid_communicate_group, is_distributed
 
 
 def collect_rng_states():
@@ -39,10 +39,25 @@ def collect_rng_states():
     return states
 
 
-def barrier():
-    if is_distributed():
-        with collective("a barrier"):
-            dist.barrier()
+def restore_rng_states(folder, file_name):
+    """Set this rank's RNG states from `folder`/`file_name` (collect_rng_states' list, or one process's states),
+    as paddlenlp's Trainer._load_rng_state does; without the file the run resumes, but not bit for bit."""
+    path = os.path.join(folder, file_name)
+    if not os.path.isfile(path):
+        logger.warning(f"{folder} has no {file_name}: the resumed run draws other random numbers than an uninterrupted one")
+        return
+    saved = paddle.load(path, return_numpy=True)
+    state = saved[dist.get_rank()] if isinstance(saved, list) else saved
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    paddle.framework.core.default_cpu_generator().set_state(state["cpu"])
+    if paddle.is_compiled_with_cuda():
+        paddle.set_rng_state(state["cuda"])
+    tracker = state.get("hybrid_parallel_rng_state_tracker")
+    if tracker is not None and hybrid_communicate_group() is not None:
+        if hybrid_communicate_group().get_model_parallel_world_size() <= 1:
+            tracker.pop("model_parallel_rng", None)  # registered only under tensor parallel (paddlenlp drops it too)
+        fleet.meta_parallel.get_rng_state_tracker().set_states_tracker(tracker)
 
 
 RUN_LOCK_NAME = ".run.lock"

@@ -18,12 +18,17 @@ ranks write into one temp folder that rank 0 renames once every rank has written
 A checkpoint resumes at the parallel layout it was saved with. With `ignore_save_lr_and_optim` (PaddleNLP's
 key) the optimizer and scheduler files are left out; resuming such a checkpoint (or any with
 `ignore_load_lr_and_optim`) restarts the optimizer's moments and continues the schedule at the step.
+
+A trainer hands this module what its checkpoints hold as one `RunState` (the models with their optimizers
+and schedules, the final models, state objects, data position, pending batches); nothing here reads a
+trainer itself.
 """
 
 import json
 import os
 import pickle
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Optional
 
 import paddle
 import paddle.distributed as dist
@@ -37,50 +42,77 @@ from paddle_alignment.checkpoints.folders import (
     collect_rng_states,
     optimizer_state_by_parameter_name,
     optimizer_state_by_structured_name,
+    restore_rng_states,
     rotate_checkpoints,
 )
 from paddle_alignment import watchdog
 from paddle_alignment.distributed import collective, is_distributed
 from paddle_alignment.group_sharded import gather_whole_weights
 from paddle_alignment.models.hf_layout import save_hf_folder
-from paddle_alignment.models.lora_utils import is_lora, merged_state_dict
+from paddle_alignment.models.lora_utils import merged_state_dict
 from paddle_alignment.models.tensor_parallel import complete_state_dict, is_tensor_parallel
 from paddle_alignment.rewards.judge import check_judge_record, save_judge_record
-from paddle_alignment.rollout import RolloutBatch
+from paddle_alignment.rollout.engines import RolloutBatch
 
 CRITIC_OPTIMIZER_NAME, CRITIC_SCHEDULER_NAME = "value_optimizer.pdopt", "value_scheduler.pdparams"
 DATA_STATE_NAME = "data_state.json"
 ROLLOUT_QUEUE_NAME = "rollout_queue.rank{rank}.pkl"
-REWARD_NORMALIZER_NAME = "reward_normalizer.pdparams"
 
 
-class TrainedModel(NamedTuple):
-    """A model that trains, with its optimizer and schedule, and their names in a checkpoint."""
+@dataclass(frozen=True)
+class TrainedModel:
+    """A model that trains, as its trainer wrapped it (`wrapped`), with its optimizer and schedule, and their
+    names in a checkpoint."""
 
     folder: str
     model: object
+    wrapped: object
     optimizer: object
     lr_scheduler: object
-    optimizer_name: str
-    scheduler_name: str
+    optimizer_name: str = OPTIMIZER_NAME
+    scheduler_name: str = SCHEDULER_NAME
 
 
-def trained_models(trainer):
-    """The policy and, with a critic, the value model."""
-    models = [TrainedModel("policy", trainer.model, trainer.optimizer, trainer.lr_scheduler, OPTIMIZER_NAME, SCHEDULER_NAME)]
-    if trainer.critic is not None:
-        models.append(
-            TrainedModel(
-                "value", trainer.critic, trainer.critic_optimizer, trainer.critic_lr_scheduler,
-                CRITIC_OPTIMIZER_NAME, CRITIC_SCHEDULER_NAME,
-            )
-        )
-    return models
+@dataclass(frozen=True)
+class FinalModel:
+    """A model written to output_dir/`folder` at the end of a run."""
+
+    folder: str
+    model: object
+    merge_lora: bool = False
+    hf_layout: bool = False
 
 
-def wrapped_models(trainer):
-    """The trained models as paddlenlp's Trainer wrapped them (the critic's: None without one)."""
-    return [trainer.model_wrapped, getattr(trainer, "critic_wrapped", None)]
+@dataclass
+class RunState:
+    """What a checkpoint holds, as the trainer that writes it hands it over: the one interface between a
+    trainer and this module, which reads nothing else of it.
+
+    args           the run's TrainingArguments: output_dir, save_total_limit, ignore_save_lr_and_optim,
+                   ignore_load_lr_and_optim, the parallel layout (optimizer_name_suffix, use_hybrid_parallel,
+                   data_parallel_rank), optimizer_steps_per_rl_step
+    trainer_state  paddlenlp's TrainerState (global_step, log history): trainer_state.json
+    tokenizer      written beside each model
+    trained        the TrainedModels, each with its optimizer and schedule
+    finals         the FinalModels written at the end of the run
+    stateful       {file name: an object with state_dict() and set_state_dict()} (the reward normalizer)
+    data_position  JSON-able position in the data (batches drawn), handed back by load_checkpoint
+    pending        what was requested and not yet trained on, with drain() -> RolloutBatches and restore(batches)
+    reward         the reward scorer, whose identity a resume must keep (a judge's record)
+    """
+
+    args: object
+    trainer_state: object
+    tokenizer: object
+    trained: list
+    finals: list
+    stateful: dict = field(default_factory=dict)
+    data_position: dict = field(default_factory=dict)
+    pending: Optional[object] = None
+    reward: Optional[object] = None
+
+    def wrapped_models(self):
+        return [part.wrapped for part in self.trained]
 
 
 def is_first_rank():
@@ -109,33 +141,16 @@ def save_model(model, folder, tokenizer, merge_lora=False, hf_layout=False):
     tokenizer.save_pretrained(folder)
 
 
-class FinalModel(NamedTuple):
-    folder: str  # in output_dir
-    model: object
-    merge_lora: bool = False
-    hf_layout: bool = False
-
-
-def final_models(trainer):
-    """The final models: the policy (a LoRA policy as its adapters, plus policy_merged with
-    `lora_save_merged`), the critic, and policy_hf with `export_hf`."""
-    models = [FinalModel("policy", trainer.model)]
-    models += [FinalModel("value", trainer.critic)] if trainer.critic is not None else []
-    models += [FinalModel("policy_merged", trainer.model, merge_lora=True)] if trainer.lora_save_merged else []
-    models += [FinalModel("policy_hf", trainer.model, is_lora(trainer.model), hf_layout=True)] if trainer.export_hf else []
-    return models
-
-
-def save_final_models(trainer):
-    """output_dir/policy, output_dir/value ..., each written to a temp folder and renamed when complete; with a
-    judge, output_dir/judge.json."""
-    gather_whole_weights(*wrapped_models(trainer))
-    for final in final_models(trainer):
-        path = os.path.join(trainer.args.output_dir, final.folder)
+def save_final_models(run):
+    """output_dir/policy, output_dir/value ... (`run.finals`), each written to a temp folder and renamed when
+    complete; with a judge, output_dir/judge.json."""
+    gather_whole_weights(*run.wrapped_models())
+    for final in run.finals:
+        path = os.path.join(run.args.output_dir, final.folder)
         with watchdog.guarded("checkpoint write", f"the final model {path}"), atomic_directory(path) as tmp:
-            save_model(final.model, tmp, trainer.tokenizer, final.merge_lora, final.hf_layout)
+            save_model(final.model, tmp, run.tokenizer, final.merge_lora, final.hf_layout)
     if is_first_rank():
-        save_judge_record(trainer.reward_scorer, trainer.args.output_dir)
+        save_judge_record(run.reward, run.args.output_dir)
 
 
 # ---- optimizer parts --------------------------------------------------------------------------------
@@ -168,51 +183,50 @@ def load_optimizer_state(optimizer, model, folder, name, args):
 # ---- checkpoints ------------------------------------------------------------------------------------
 
 
-def save_checkpoint(trainer):
+def save_checkpoint(run):
     """output_dir/checkpoint-N (N the global step): every rank's part, then rotation (save_total_limit)."""
-    args = trainer.args
-    path = os.path.join(args.output_dir, f"checkpoint-{trainer.state.global_step}")
+    args, step = run.args, run.trainer_state.global_step
+    path = os.path.join(args.output_dir, f"checkpoint-{step}")
     rng_states = collect_rng_states()
-    gather_whole_weights(*wrapped_models(trainer))
+    gather_whole_weights(*run.wrapped_models())
     with watchdog.guarded("checkpoint write", path), atomic_directory(path) as tmp:
-        for part in trained_models(trainer):
-            save_model(part.model, os.path.join(tmp, part.folder), trainer.tokenizer)
+        for part in run.trained:
+            save_model(part.model, os.path.join(tmp, part.folder), run.tokenizer)
             if not args.ignore_save_lr_and_optim:
                 save_optimizer_state(part.optimizer, part.model, tmp, part.optimizer_name, args)
-        save_rollout_queue(trainer, tmp)
+        save_pending_batches(run.pending, tmp)
         if is_first_rank():
-            save_shared_state(trainer, tmp, rng_states)
+            save_shared_state(run, tmp, rng_states)
     if is_first_rank():
-        rotate_checkpoints(args.output_dir, args.save_total_limit, just_written=trainer.state.global_step)
+        rotate_checkpoints(args.output_dir, args.save_total_limit, just_written=step)
     logger.info(f"checkpoint written to {path}")
 
 
-def save_shared_state(trainer, folder, rng_states):
-    """The state every rank holds alike (schedules, reward normalizer, step, batches drawn), and every rank's
-    RNG states in paddlenlp's file."""
-    for part in trained_models(trainer):
-        if not trainer.args.ignore_save_lr_and_optim:
+def save_shared_state(run, folder, rng_states):
+    """The state every rank holds alike (schedules, `run.stateful`, step, data position), and every rank's RNG
+    states in paddlenlp's file."""
+    for part in run.trained:
+        if not run.args.ignore_save_lr_and_optim:
             paddle.save(part.lr_scheduler.state_dict(), os.path.join(folder, part.scheduler_name))
-    if trainer.reward_normalizer is not None:
-        paddle.save(trainer.reward_normalizer.state_dict(), os.path.join(folder, REWARD_NORMALIZER_NAME))
-    trainer.state.save_to_json(os.path.join(folder, TRAINER_STATE_NAME))
-    save_judge_record(trainer.reward_scorer, folder)
+    for name, owner in run.stateful.items():
+        paddle.save(owner.state_dict(), os.path.join(folder, f"{name}.pdparams"))
+    run.trainer_state.save_to_json(os.path.join(folder, TRAINER_STATE_NAME))
+    save_judge_record(run.reward, folder)
     with open(os.path.join(folder, DATA_STATE_NAME), "w") as f:
-        json.dump({"batches_drawn": trainer.batches_drawn}, f)
+        json.dump(run.data_position, f)
     world = len(rng_states)
-    rng_file = "rng_state.pth" if world == 1 else f"rng_state_{world}.pth"
-    paddle.save(rng_states[0] if world == 1 else rng_states, os.path.join(folder, rng_file))
+    paddle.save(rng_states[0] if world == 1 else rng_states, os.path.join(folder, rng_file_name(world)))
 
 
-def load_checkpoint(trainer, path):
-    """Restore optimizers, schedulers, reward normalizer, RNG and data position from a checkpoint folder;
-    the policy and value weights were loaded from `path/policy` and `path/value` by run_ppo. Returns the
-    step to continue from."""
-    args = trainer.args
-    check_complete(path, files_to_load(trainer))
-    check_judge_record(trainer.reward_scorer, path)
+def load_checkpoint(run, path):
+    """Restore the optimizers, schedules, `run.stateful`, RNG and pending batches from a checkpoint folder (the
+    models' weights were loaded from its model folders when the run built them). Returns the step to continue
+    from and the data position."""
+    args = run.args
+    check_complete(path, files_to_load(run))
+    check_judge_record(run.reward, path)
     step = TrainerState.load_from_json(os.path.join(path, TRAINER_STATE_NAME)).global_step
-    for part in trained_models(trainer):
+    for part in run.trained:
         if loads_optimizer(path, part, args):
             load_optimizer_state(part.optimizer, part.model, path, part.optimizer_name, args)
             part.lr_scheduler.set_state_dict(paddle.load(os.path.join(path, part.scheduler_name)))
@@ -222,33 +236,38 @@ def load_checkpoint(trainer, path):
                 f"ignore_load_lr_and_optim); its learning-rate schedule continues at step {step}"
             )
             part.lr_scheduler.step(step * args.optimizer_steps_per_rl_step)
-    if trainer.reward_normalizer is not None:
-        trainer.reward_normalizer.set_state_dict(paddle.load(os.path.join(path, REWARD_NORMALIZER_NAME)))
-    trainer._load_rng_state(path)
+    for name, owner in run.stateful.items():
+        owner.set_state_dict(paddle.load(os.path.join(path, f"{name}.pdparams")))
+    restore_rng_states(path, rng_file_name(dist.get_world_size()))
     with open(os.path.join(path, DATA_STATE_NAME)) as f:
-        trainer.batches_drawn = json.load(f)["batches_drawn"]
-    load_rollout_queue(trainer, path)
+        data_position = json.load(f)
+    load_pending_batches(run.pending, path)
     logger.info(f"resumed from {path} at step {step}")
-    return step
+    return step, data_position
 
 
-def rollout_queue_file(folder):
+def rng_file_name(world):
+    """paddlenlp's name of the RNG states' file: one process's, or every rank's of `world`."""
+    return "rng_state.pth" if world == 1 else f"rng_state_{world}.pth"
+
+
+def pending_file(folder):
     return os.path.join(folder, ROLLOUT_QUEUE_NAME.format(rank=dist.get_rank()))
 
 
-def save_rollout_queue(trainer, folder):
+def save_pending_batches(pending, folder):
     """This rank's requested batches, once sampled (none when every batch was trained on)."""
-    batches = trainer.rollout.drain()
+    batches = pending.drain() if pending is not None else []
     if batches:
-        with open(rollout_queue_file(folder), "wb") as f:
+        with open(pending_file(folder), "wb") as f:
             pickle.dump([batch.to_numpy() for batch in batches], f, protocol=5)
 
 
-def load_rollout_queue(trainer, folder):
+def load_pending_batches(pending, folder):
     """The batches this rank had requested when the checkpoint was written: they come before any new request."""
-    if os.path.isfile(rollout_queue_file(folder)):
-        with open(rollout_queue_file(folder), "rb") as f:
-            trainer.rollout.restore([RolloutBatch.from_numpy(values) for values in pickle.load(f)])
+    if pending is not None and os.path.isfile(pending_file(folder)):
+        with open(pending_file(folder), "rb") as f:
+            pending.restore([RolloutBatch.from_numpy(values) for values in pickle.load(f)])
 
 
 def optimizer_state_optional(args):
@@ -263,13 +282,12 @@ def loads_optimizer(path, part, args):
     return not args.ignore_save_lr_and_optim or os.path.isfile(os.path.join(path, optimizer_file(part.optimizer_name, args)))
 
 
-def files_to_load(trainer):
+def files_to_load(run):
     """The files of a checkpoint this rank must find."""
-    names = [TRAINER_STATE_NAME, DATA_STATE_NAME]
-    names += [REWARD_NORMALIZER_NAME] if trainer.reward_normalizer is not None else []
-    if not optimizer_state_optional(trainer.args):
-        for part in trained_models(trainer):
-            names += [optimizer_file(part.optimizer_name, trainer.args), part.scheduler_name]
+    names = [TRAINER_STATE_NAME, DATA_STATE_NAME] + [f"{name}.pdparams" for name in run.stateful]
+    if not optimizer_state_optional(run.args):
+        for part in run.trained:
+            names += [optimizer_file(part.optimizer_name, run.args), part.scheduler_name]
     return names
 
 

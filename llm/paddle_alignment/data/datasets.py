@@ -15,7 +15,6 @@ import paddle
 
 from paddle_alignment.data import builtin  # noqa: F401  (registers the built-in datasets)
 from paddle_alignment.data.raw import load_raw_dataset, parse_dataset_specs
-from paddle_alignment.rewards import TargetError
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +93,8 @@ class TokenizedDataset(paddle.io.Dataset):
 class PromptOnlyDataset(TokenizedDataset):
     """Prompts for rollouts: item = {"prompt": str, "label": str, "input_ids": list[int]}. The label (the
     reference answer) goes to rule rewards and the reward server, so with `require_label` a row without
-    one stops the run; else it is "". `check_label` (the rule reward's `check_target`) raises TargetError
-    for a label the reward cannot read: the run stops before training, naming the file, line and value.
+    one stops the run; else it is "". `check_label` (the rule reward's `target_refusal`) says why the reward
+    cannot read a label (None: it can): the run stops before training, naming the file, line and value.
     Prompts over `max_prompt_len` tokens are truncated on the tokenizer's truncation side (PaddleNLP's
     RLHFDataset; the reward still sees the whole prompt text), or skipped with `filter_overlong_prompts`.
     With `environment_of` (multi-turn environments), item["environment"] is `environment_of(name, where)` of the
@@ -137,22 +136,14 @@ class PromptOnlyDataset(TokenizedDataset):
 
 
 def check_labels(check_label, labels, locations, label_key):
-    """Raise a ValueError naming the first label (in data order) that `check_label` refuses. Distinct
-    labels are checked once, on threads: a symbolic reference is parsed in a worker process."""
+    """Raise a ValueError naming the first label (in data order) that `check_label` refuses (it returns why, or
+    None). Distinct labels are checked once, on threads: a symbolic reference is parsed in a worker process."""
     distinct = list(dict.fromkeys(labels))
     with ThreadPoolExecutor(LABEL_CHECK_THREADS) as pool:
-        problems = dict(zip(distinct, pool.map(lambda label: refusal(check_label, label), distinct)))
+        problems = dict(zip(distinct, pool.map(check_label, distinct)))
     for label, where in zip(labels, locations):
         if problems[label] is not None:
             raise ValueError(f"{where}: the reward cannot read the reference answer ({label_key!r}): {problems[label]}")
-
-
-def refusal(check_label, label):
-    try:
-        check_label(label)
-    except TargetError as error:
-        return str(error)
-    return None
 
 
 class SupervisedDataset(TokenizedDataset):

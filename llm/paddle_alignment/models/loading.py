@@ -25,7 +25,7 @@ from paddle_alignment.models.tensor_parallel import shard_model
 
 def load_options(training_args, recompute_granularity=None):
     """from_pretrained options: the weights' dtype (load_dtype); `recompute_granularity` for the models
-    that train; PaddleNLP's fused-kernel switches (arguments.ModelKernelArguments) as model-config attributes."""
+    that train; PaddleNLP's fused-kernel switches (config/layout.py ModelKernelArguments) as model-config attributes."""
     options = dict(training_args.model_config_flags()) if hasattr(training_args, "model_config_flags") else {}
     options["dtype"] = load_dtype(training_args)
     if recompute_granularity is not None:
@@ -98,7 +98,7 @@ def causal_lm_class(config):
 
 def with_cpu_kernels(model, training_args):
     """`model` with the fused CPU kernels in its layers when it runs on CPU (GPU runs keep Paddle's ops and
-    PaddleNLP's fused-kernel switches, arguments.ModelKernelArguments)."""
+    PaddleNLP's fused-kernel switches, config/layout.py ModelKernelArguments)."""
     if training_args.device == "cpu":
         use_fused_kernels(model)
     return model

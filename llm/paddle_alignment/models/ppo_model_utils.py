@@ -7,8 +7,7 @@ of one prompt running its forward once where asked (`shared_prompt_hidden`)."""
 import contextlib
 import functools
 import logging
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import asdict, dataclass, fields
 
 import paddle
 from paddlenlp.transformers.llama.modeling import LlamaLMHead
@@ -37,36 +36,47 @@ class PolicyObjective:
     """pg_loss_coeff x policy loss plus kl_loss_coeff x KL to the reference minus entropy_coeff x entropy, aggregated over
     response tokens with `loss_agg_mode`. Log-probs, KL and entropy are those of the sampling distribution
     softmax(logits / temperature). Given the sampler's log-probs, the policy loss of each token is weighted
-    by the `rollout_correction` (algos/rollout_correction.py; None: unweighted), and the gap between sampler
-    and trainer is measured (`rollout_corr/*`)."""
+    by the `rollout_correction` (algos/rollout_correction.py; "": unweighted), and the gap between sampler
+    and trainer is measured (`rollout_corr/*`).
 
-    policy_loss_fn: Callable
-    kl_fn: Callable
-    aggregate: Callable
-    kl_loss_coeff: float
-    entropy_coeff: float
-    clip_low: float
-    clip_high: float
+    The fields are the config keys of the same names (`from_args`); the registered policy loss takes those it
+    names as parameters (clip_range_ratio_low, sapo_tau_pos, ...), so a new loss with new options is a
+    registered function and its keys here and in the config."""
+
+    policy_loss: str = "ppo_clip"
+    kl_estimator: str = "k3"
+    loss_agg_mode: str = "token-mean"
+    kl_loss_coeff: float = 0.0
+    entropy_coeff: float = 0.0
+    clip_range_ratio_low: float = 0.2
+    clip_range_ratio_high: float = 0.2
     clip_ratio_c: float = 0.0
     temperature: float = 1.0
     pg_loss_coeff: float = 1.0
     sapo_tau_pos: float = 1.0
     sapo_tau_neg: float = 1.05
-    response_budget: int = None  # max_dec_len, for a micro-batch that is its own step (pipeline parallel)
-    rollout_correction: Callable = None
+    max_dec_len: int = None  # the response budget of a micro-batch that is its own step (pipeline parallel)
+    rollout_correction: str = ""
     rollout_is_threshold: float = 2.0
     rollout_is_threshold_lower: float = 0.5
     max_turns: int = 1  # of multi-turn trajectories: the turns the mismatch is measured per
 
     @classmethod
     def from_args(cls, args):
-        correction = ROLLOUT_CORRECTIONS.get(args.rollout_correction) if args.rollout_correction else None
-        return cls(
-            POLICY_LOSSES.get(args.policy_loss), KL_ESTIMATORS.get(args.kl_estimator), LOSS_AGGREGATIONS.get(args.loss_agg_mode),
-            args.kl_loss_coeff, args.entropy_coeff, args.clip_range_ratio_low, args.clip_range_ratio_high,
-            args.clip_ratio_c, args.temperature, args.pg_loss_coeff, args.sapo_tau_pos, args.sapo_tau_neg,
-            args.max_dec_len, correction, args.rollout_is_threshold, args.rollout_is_threshold_lower, args.max_turns,
-        )
+        """The objective of the run's config: each field from the key of its name."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+    def __post_init__(self):
+        for name, registry in (("policy_loss", POLICY_LOSSES), ("kl_estimator", KL_ESTIMATORS), ("loss_agg_mode", LOSS_AGGREGATIONS)):
+            registry.get(getattr(self, name))  # an unknown name stops here, naming its key's choices
+        if self.rollout_correction:
+            ROLLOUT_CORRECTIONS.get(self.rollout_correction)
+
+    def kl_fn(self, logprobs, ref_logprobs):
+        return KL_ESTIMATORS.get(self.kl_estimator)(logprobs, ref_logprobs)
+
+    def aggregate(self, values, mask, scale=None):
+        return LOSS_AGGREGATIONS.get(self.loss_agg_mode)(values, mask, scale)
 
     def token_logprobs(self, logits, labels):
         """log pi(labels) [B, R] under the sampling distribution: the one formula of old, reference and
@@ -88,11 +98,9 @@ class PolicyObjective:
         alone); `rollout_logprobs`: the sampler's (None: no correction, no mismatch metrics); `turn_ids`: each
         token's turn in multi-turn trajectories (the mismatch per turn too). Returns (loss, stats)."""
         old_logprobs = logprobs.detach() if old_logprobs is None else old_logprobs
-        scale = scale or LossScale.of(response_mask, self.response_budget)
+        scale = scale or LossScale.of(response_mask, self.max_dec_len)
         token_loss, stats = call_with_options(
-            self.policy_loss_fn, logprobs, old_logprobs, advantages, response_mask, clip_low=self.clip_low,
-            clip_high=self.clip_high, clip_ratio_c=self.clip_ratio_c, sapo_tau_pos=self.sapo_tau_pos,
-            sapo_tau_neg=self.sapo_tau_neg,
+            POLICY_LOSSES.get(self.policy_loss), logprobs, old_logprobs, advantages, response_mask, **asdict(self)
         )
         if rollout_logprobs is not None:
             token_loss = self.corrected(token_loss, old_logprobs, rollout_logprobs, response_mask, stats)
@@ -122,36 +130,43 @@ class PolicyObjective:
         without one); the mismatch metrics and the correction's statistics go into `stats`."""
         with paddle.no_grad():
             stats |= mismatch_metrics(old_logprobs, rollout_logprobs, response_mask)
-            if self.rollout_correction is None:
+            if not self.rollout_correction:
                 return token_loss
-            weights, correction_stats = self.rollout_correction(
+            weights, correction_stats = ROLLOUT_CORRECTIONS.get(self.rollout_correction)(
                 old_logprobs - rollout_logprobs, response_mask, self.rollout_is_threshold, self.rollout_is_threshold_lower
             )
             stats |= correction_stats | {"rollout_corr/weight_mean": masked_mean(weights, response_mask)}
         return token_loss * weights
 
 
+def response_values(critic, exp):
+    """Critic values of the states before each response token: [B, R] (float32)."""
+    scores = critic(input_ids=exp.input_ids, attention_mask=exp.attention_mask).scores[..., 0]
+    return scores[:, exp.prompt_len - 1 : -1]
+
+
 @dataclass(frozen=True)
 class ValueObjective:
     """The critic's clipped value loss against the returns, aggregated over response tokens."""
 
-    aggregate: Callable
-    clip_range_value: float
+    loss_agg_mode: str = "token-mean"
+    clip_range_value: float = 5.0
 
     @classmethod
     def from_args(cls, args):
-        return cls(LOSS_AGGREGATIONS.get(args.loss_agg_mode), args.clip_range_value)
+        """The objective of the run's config: each field from the key of its name."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
     def __call__(self, values, old_values, returns, response_mask, scale=None):
         token_loss, stats = clipped_value_loss(values, old_values, returns, response_mask, self.clip_range_value)
-        loss = self.aggregate(token_loss, response_mask, scale)
+        loss = LOSS_AGGREGATIONS.get(self.loss_agg_mode)(token_loss, response_mask, scale)
         stats["loss/value_avg"] = loss.detach()
         return loss, stats
 
 
 def take_positions(x, positions):
     """x[:, positions] for a slice of step 1, as the middle part of paddle.split: its gradient is a concat,
-    about 1.2 ms faster than a slice's on CPU for the demo's [64, 14, 128] hidden states."""
+    cheaper on CPU than a slice's (which scatters into zeros)."""
     start, stop, step = positions.indices(x.shape[1])
     if step != 1:
         raise ValueError(f"take_positions takes contiguous positions, not a slice of step {step}")
@@ -246,7 +261,7 @@ def response_token_stats(model, exp, temperature=1.0, chunk_tokens=DEFAULT_CHUNK
     labels = response_labels(exp)
     head = chunkable_lm_head(model)
     # Not under tensor parallel: there Paddle 3.3's backward through the shared keys and values stops ("empty
-    # GradSlotMeta" with the head whole; with it split, a reduce_scatter that has no CPU kernel), measured 2026-11-27.
+    # GradSlotMeta" with the head whole; with it split, a reduce_scatter that has no CPU kernel).
     if share_prompts and (head is None or is_dist_tensor(head.weight)):
         warn_prompts_unshared()
         share_prompts = False

@@ -99,6 +99,15 @@ class RewardTask:
             raise TargetError(f"reward {self.name!r} needs a string tgt, got {type(tgt).__name__} {tgt!r}")
         self.read_target(tgt)
 
+    def target_refusal(self, tgt):
+        """Why the rule cannot read the reference answer `tgt`, or None when it can: the check a dataset runs on
+        its labels when it loads."""
+        try:
+            self.check_target(tgt)
+        except TargetError as error:
+            return str(error)
+        return None
+
 
 def describe_item(index, src, tgt, response):
     return f"item {index} (src={shown(src)}, tgt={shown(tgt)}, response={shown(response)})"

@@ -96,11 +96,13 @@ class JudgeScorer:
 
 class LocalJudge:
     """Asks a local causal LM: each request a user turn of its chat template (the text as it is without one),
-    answered greedily in batches of `batch_size` with at most `max_new_tokens` tokens."""
+    answered greedily in batches of `batch_size` with at most `max_new_tokens` tokens by `decode(model,
+    tokenizer, items, max_new_tokens, use_fast)`, the rollout's decode loop (rollout/decode.py greedy_responses),
+    which the run hands the judge."""
 
-    def __init__(self, model, tokenizer, pattern, max_new_tokens, batch_size, use_fast=True):
+    def __init__(self, model, tokenizer, pattern, max_new_tokens, batch_size, decode, use_fast=True):
         self.model, self.tokenizer, self.pattern = model, tokenizer, re.compile(pattern)
-        self.max_new_tokens, self.batch_size, self.use_fast = max_new_tokens, batch_size, use_fast
+        self.max_new_tokens, self.batch_size, self.decode, self.use_fast = max_new_tokens, batch_size, decode, use_fast
 
     def render(self, request):
         if getattr(self.tokenizer, "chat_template", None):
@@ -108,9 +110,6 @@ class LocalJudge:
         return request
 
     def replies(self, requests):
-        from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
-
-        greedy = SamplingConfig(max_dec_len=self.max_new_tokens, greedy=True)
         items = [
             {"prompt": text, "label": "", "input_ids": self.tokenizer.encode(text, add_special_tokens=False)["input_ids"]}
             for text in map(self.render, requests)
@@ -118,7 +117,7 @@ class LocalJudge:
         return [
             reply
             for start in range(0, len(items), self.batch_size)
-            for reply in generate_rollouts(self.model, self.tokenizer, items[start : start + self.batch_size], 1, greedy, self.use_fast).responses
+            for reply in self.decode(self.model, self.tokenizer, items[start : start + self.batch_size], self.max_new_tokens, self.use_fast)
         ]
 
     def __call__(self, requests, exp):
@@ -143,8 +142,9 @@ class ServerJudge:
         return self.client.score(requests, exp.labels, exp.responses)
 
 
-def build_judge_scorer(args):
-    """The JudgeScorer of the config's judge_* keys (a local model or a server)."""
+def build_judge_scorer(args, decode):
+    """The JudgeScorer of the config's judge_* keys (a local model or a server); `decode`: what answers a local
+    judge's requests (LocalJudge)."""
     template = read_template(args.judge_prompt_template)
     if args.judge_server:
         client = server_client(args, args.judge_server, name="judge server")
@@ -153,7 +153,7 @@ def build_judge_scorer(args):
 
     model, tokenizer = load_policy(args.judge_model_name_or_path)
     judge = LocalJudge(model, tokenizer, args.judge_verdict_pattern, args.judge_max_new_tokens,
-                       args.per_device_reward_batch_size, args.use_fusemt)
+                       args.per_device_reward_batch_size, decode, args.use_fusemt)
     identity = folder_identity(args.judge_model_name_or_path)
     return JudgeScorer(judge, template, identity, args.judge_max_score, args.judge_verdict_pattern)
 

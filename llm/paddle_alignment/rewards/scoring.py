@@ -115,10 +115,12 @@ def reference_checker(scorer):
     if scorer.task_name not in REWARD_TASKS:
         logger.info(f"reward task {scorer.task_name!r} is not registered here: reference answers are not checked at load")
         return None
-    return REWARD_TASKS[scorer.task_name].check_target
+    return REWARD_TASKS[scorer.task_name].target_refusal
 
 
-def build_reward_scorer(args, reward_model=None, reward_tokenizer=None):
+def build_reward_scorer(args, reward_model=None, reward_tokenizer=None, judge_decode=None):
+    """The scorer of the config's reward source; `judge_decode`: the decode loop a local LLM judge answers with
+    (rollout/decode.py greedy_responses)."""
     if reward_model is not None:
         return RewardModelScorer(reward_model, reward_tokenizer, args.per_device_reward_batch_size)
     if args.use_rule_reward:
@@ -126,7 +128,7 @@ def build_reward_scorer(args, reward_model=None, reward_tokenizer=None):
     if args.uses_judge:
         from paddle_alignment.rewards.judge import build_judge_scorer
 
-        return build_judge_scorer(args)
+        return build_judge_scorer(args, judge_decode)
     if not args.use_rm_server:
         return EnvironmentReturnsOnly()
     return ServerRewardScorer(server_client(args, args.reward_server), args.reward_task)

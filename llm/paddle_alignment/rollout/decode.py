@@ -1,4 +1,4 @@
-"""Rollout engine: sample `n` responses per prompt and package them as an `Experience`.
+"""The decode loop: sample `n` responses per prompt and package them as an `Experience`.
 
 Two decoders give the same output contract:
 - the fast path: a decode loop over a preallocated KV cache (models/static_cache_decoder.py) whose
@@ -22,6 +22,7 @@ from paddle_alignment.group_sharded import forwards_in_lockstep
 from paddle_alignment.models.decoder_weights import unsupported_reason
 from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
 from paddle_alignment.models.static_cache_decoder import StaticCacheDecoder
+from paddle_alignment.tokens import decode_responses, left_pad
 
 logger = logging.getLogger(__name__)
 
@@ -70,14 +71,6 @@ def fast_path_ops(model, use_fast):
         warn_unsupported(reason)
         return None
     return ops
-
-
-def left_pad(sequences, pad_id):
-    """Left-pad token lists into input_ids and attention_mask tensors [B, P]."""
-    width = max(len(s) for s in sequences)
-    ids = [[pad_id] * (width - len(s)) + list(s) for s in sequences]
-    mask = [[0] * (width - len(s)) + [1] * len(s) for s in sequences]
-    return paddle.to_tensor(ids, dtype="int64"), paddle.to_tensor(mask, dtype="int64")
 
 
 def response_mask_from_tokens(response_ids, eos_token_id):
@@ -203,7 +196,7 @@ def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: Sam
 def refuse_unsampled(tokens, running, step):
     """Raise where rollout_sample found nothing to sample from (its token -1: csrc/README.md), naming the rows:
     decoding on would feed an invalid token id to the next step, or hide a policy that diverged."""
-    unsampled = tokens.numpy().reshape(-1) < 0  # (8 us at 64 rows on CPU; paddle's own `any` takes 48)
+    unsampled = tokens.numpy().reshape(-1) < 0  # NumPy's test: paddle's own `any` dispatches several ops per step
     if not unsampled.any():
         return
     rows = running.row_ids.numpy()[unsampled].tolist()
@@ -318,15 +311,9 @@ def generate_rollouts(model, tokenizer, items, n, sampling: SamplingConfig, use_
     return exp
 
 
-def decode_responses(tokenizer, rows):
-    """The texts of token-id `rows` without special tokens, and without clean-up of spaces around punctuation
-    (rewards judge exactly what the model wrote): `tokenizer.batch_decode(rows, skip_special_tokens=True,
-    clean_up_tokenization_spaces=False)`, with the special ids dropped here, once per batch. paddlenlp's slow
-    tokenizers rebuild their list of special ids twice for every token when they skip them themselves: 4.8
-    of the 5.9 ms that decoding the demo's 64 x 4 response tokens took."""
-    special = set(tokenizer.all_special_ids)
-    kept = [[token for token in row if token not in special] for row in rows]
-    return tokenizer.batch_decode(kept, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+def greedy_responses(model, tokenizer, items, max_new_tokens, use_fast=True):
+    """The greedy response of each prompt item, at most `max_new_tokens` tokens: how a local LLM judge answers."""
+    return generate_rollouts(model, tokenizer, items, 1, SamplingConfig(max_dec_len=max_new_tokens, greedy=True), use_fast).responses
 
 
 def package_rollouts(tokenizer, items, n, input_ids, prompt_mask, response_ids):

@@ -34,10 +34,9 @@ import zmq
 from paddlenlp.utils.log import logger
 
 import paddle_alignment
-from paddle_alignment.checkpoints.folders import barrier
 from paddle_alignment.config.paddlenlp_keys import ALIASES, split_options
 from paddle_alignment.cpu_runtime import openmp_workers_sleep_when_idle
-from paddle_alignment.distributed import collective, data_parallel_rank_and_size, tensor_parallel_group
+from paddle_alignment.distributed import barrier, collective, data_parallel_rank_and_size, tensor_parallel_group
 from paddle_alignment.rollout import weights
 from paddle_alignment.rollout.engines import Rollout, RolloutBatch
 from paddle_alignment.watchdog import Deadline
@@ -115,8 +114,8 @@ def whole_model_argv(trainer_argv):
 class DecoupledRollout(Rollout):
     """Requests go to a sampler process as soon as they are made; `take` waits for the oldest's batch."""
 
-    def __init__(self, args, argv):
-        super().__init__()
+    def __init__(self, args, argv, worker):
+        super().__init__(worker)
         self.args, self.argv = args, list(argv)
         self.lookahead = args.max_staleness
         self.folder = args.rollout_dir
@@ -129,16 +128,17 @@ class DecoupledRollout(Rollout):
 
     # ---- life cycle ---------------------------------------------------------------------------------
 
-    def start(self, worker, version):
+    def start(self, version, offload):
         """`version` of the worker's policy is published and rank 0 starts the samplers; every rank connects to
         its data rank's sampler."""
+        super().start(version, offload)
         self.version = version
         self.group = tensor_parallel_group()
         if dist.get_rank() == 0:
             os.makedirs(self.folder, exist_ok=True)
             self.remove_run_files()
         barrier()  # rank 0 removed an earlier run's files: the ready files read below are this run's
-        worker.publish_weights(self.folder, version, keep=0)
+        self.worker.publish_weights(self.folder, version, keep=0)
         if dist.get_rank() == 0:
             self.start_samplers()
         self.sampler = self.wait_ready(data_parallel_rank_and_size()[0] % len(self.args.sampler_devices))
@@ -263,8 +263,8 @@ class DecoupledRollout(Rollout):
             f"{log_tail(log_file(self.folder, index))}"
         )
 
-    def policy_updated(self, worker, version):
+    def policy_updated(self, version):
         self.version = version
         # A request names a version at most max_staleness steps old when sent, and other ranks may send
         # theirs a step later: older files are never read again.
-        worker.publish_weights(self.folder, version, keep=self.lookahead + 2)
+        self.worker.publish_weights(self.folder, version, keep=self.lookahead + 2)

@@ -1,18 +1,20 @@
-"""Where a step's rollouts come from: two implementations of one interface, handed to the trainer.
+"""Where a step's experience comes from: two implementations of one interface, the trainer's one rollout
+handle. Each owns a rollout worker (rollout/worker.py) over the trainer's models.
 
-- `ColocatedRollout`: a rollout worker (rollout/worker.py) over the trainer's own models generates and
-  scores a batch when the trainer takes it, so every batch is sampled by the policy being trained
-  (on-policy; the default).
-- `DecoupledRollout`: sampler processes (rollout/sampler.py), each with a rollout worker of its own on its
-  own device, generate, score and compute the behaviour and reference log-probs of batches requested
-  ahead of time, while the trainer updates the policy on earlier ones.
+- `ColocatedRollout`: the worker generates and scores a batch when the trainer takes it, so every batch is
+  sampled by the policy being trained (on-policy; the default).
+- `DecoupledRollout` (rollout/decoupled.py): sampler processes (rollout/sampler.py), each with a rollout
+  worker of its own on its own device, generate, score and compute the behaviour and reference log-probs of
+  batches requested ahead of time, while the trainer updates the policy on earlier ones.
 
 The trainer requests prompt batches in order (each with a sampling seed and the policy version that must
 sample it: the RL steps done when it was requested) and takes them in the same order; `lookahead` is how
 many it keeps requested beyond the one it is about to take. Taken batches carry the version that sampled
-them, so the trainer knows their staleness. For checkpoints, `drain` makes every requested batch ready and
-returns them, and `restore` puts them back, so a resumed run trains on exactly the batches the first
-would have.
+them, so the trainer knows their staleness. Once it has chosen the rows it trains on (dynamic sampling and a
+judge drop some), `complete` adds what the run needs and the batch lacks (log-probs, values): computed once,
+on the kept rows, in the trainer's process or already by a sampler. For checkpoints, `drain` makes every
+requested batch ready and returns them, and `restore` puts them back, so a resumed run trains on exactly the
+batches the first would have.
 """
 
 from collections import deque
@@ -41,15 +43,18 @@ class RolloutBatch:
 
 
 class Rollout:
-    """The interface, and the queue of batches that are sampled but not yet taken."""
+    """The interface, the worker over the trainer's models, and the queue of batches that are sampled but not
+    yet taken."""
 
     lookahead = 0
 
-    def __init__(self):
+    def __init__(self, worker):
+        self.worker = worker
         self.ready = deque()
 
-    def start(self, worker, version):
-        """Begin serving the trainer whose rollout worker's policy is at `version`."""
+    def start(self, version, offload):
+        """Begin serving the trainer whose policy is at `version`; the worker's passes follow its OffloadPlan."""
+        self.worker.offload = offload
 
     def request(self, items, seed, version):
         raise NotImplementedError
@@ -59,8 +64,16 @@ class Rollout:
         return len(self.ready)
 
     def take(self):
-        """The oldest requested batch, sampled: a RolloutBatch (waits for it)."""
+        """The oldest requested batch, sampled and scored: a RolloutBatch (waits for it)."""
         raise NotImplementedError
+
+    def complete(self, exp):
+        """`exp`, rows of taken batches, with the log-probs and values the run needs (RolloutWorker.complete)."""
+        return self.worker.complete(exp)
+
+    def greedy_rollouts(self, items):
+        """One greedy, scored rollout of each prompt item by the trainer's policy (evaluation)."""
+        return self.worker.greedy_rollouts(items)
 
     def drain(self):
         """Every requested batch, sampled and kept in order for `take`: the list of them."""
@@ -70,20 +83,19 @@ class Rollout:
         """Requested batches of a checkpoint (from `drain`), to be taken before any new request."""
         self.ready.extend(batches)
 
-    def policy_updated(self, worker, version):
-        """The trainer's policy (the rollout worker's) is now at `version`."""
+    def policy_updated(self, version):
+        """The trainer's policy (the worker's) is now at `version`."""
 
     def close(self):
         """Stop whatever serves the requests (idempotent)."""
 
 
 class ColocatedRollout(Rollout):
-    """Each batch is sampled in the trainer's process by `worker`, over the trainer's own models, when the
+    """Each batch is sampled in the trainer's process by the worker, over the trainer's own models, when the
     trainer takes it."""
 
     def __init__(self, worker):
-        super().__init__()
-        self.worker = worker
+        super().__init__(worker)
         self.pending = deque()
 
     def request(self, items, seed, version):

@@ -5,8 +5,8 @@
 
 It builds a rollout worker from the trainer's arguments (tokenizer, policy with its LoRA adapters, reference
 model, reward; no trainer, no critic, no datasets) and serves requests in order: load the policy version a
-request names, sample its prompts with its seed, score them, and record the behaviour policy's and the
-reference's log-probs. Each event goes to its log (rollout_dir/sampler-<i>.log), whose last lines the trainer
+request names, sample its prompts with its seed, score them, and complete them with the behaviour policy's and
+the reference's log-probs (ExperienceNeeds.for_sampler). Each event goes to its log (rollout_dir/sampler-<i>.log), whose last lines the trainer
 shows when the sampler fails or misses its deadline.
 """
 
@@ -33,9 +33,10 @@ from paddle_alignment.models.loading import load_tokenizer  # noqa: E402
 from paddle_alignment.models.precision import trainer_autocast  # noqa: E402
 from paddle_alignment.models.rl_models import load_rl_models  # noqa: E402
 from paddle_alignment.rewards.scoring import build_reward_scorer  # noqa: E402
+from paddle_alignment.rollout.decode import greedy_responses  # noqa: E402
 from paddle_alignment.rollout.decoupled import process_alive, ready_file  # noqa: E402
 from paddle_alignment.rollout.engines import RolloutBatch  # noqa: E402
-from paddle_alignment.rollout.worker import RolloutWorker  # noqa: E402
+from paddle_alignment.rollout.worker import ExperienceNeeds, RolloutWorker  # noqa: E402
 
 PR_SET_PDEATHSIG = 1
 
@@ -66,8 +67,8 @@ def build_worker(trainer_argv):
     policy, reference, reward_model, _ = load_rl_models(model_args, training_args, with_critic=False)
     reward_tokenizer = load_tokenizer(model_args.reward_model_name_or_path) if reward_model is not None else None
     return RolloutWorker(
-        training_args, policy, tokenizer, build_reward_scorer(training_args, reward_model, reward_tokenizer), reference,
-        autocast=trainer_autocast(training_args, policy),
+        training_args, policy, tokenizer, build_reward_scorer(training_args, reward_model, reward_tokenizer, greedy_responses), reference,
+        needs=ExperienceNeeds.for_sampler(training_args), autocast=trainer_autocast(training_args, policy),
     )
 
 
@@ -83,8 +84,8 @@ def sample(worker, request, folder, version, trainer_alive, engine):
     waited = time.monotonic() - started
     event(f"sampling {len(request['items'])} prompts with policy version {request['version']}, seed {request['seed']}")
     paddle.seed(request["seed"])  # generate() samples from paddle's generator
-    exp, seconds = worker.generate_sequences(request["items"], request["seed"], behaviour_logprobs=True)
-    return RolloutBatch(exp, request["version"], seconds, waited)
+    exp, seconds = worker.generate_sequences(request["items"], request["seed"])
+    return RolloutBatch(worker.complete(exp), request["version"], seconds, waited)
 
 
 def event(what):

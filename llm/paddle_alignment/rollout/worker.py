@@ -1,15 +1,17 @@
-"""The rollout worker: everything that turns prompts into scored experience, owned in one place.
+"""The rollout worker: everything that turns prompts into experience, owned in one place.
 
-It holds the sampling policy, the frozen reference model, the reward scorer and the tokenizer, and it
-generates (`generate_sequences`), scores, and computes the behaviour and reference log-probs. The
-colocated trainer builds one over its own models and asks it for each batch (rollout/engines.py); a
-decoupled sampler process builds one from the config (`build_sampler_worker`) and loads each policy
-version the trainer publishes (`update_weights`). No trainer is involved in either: the trainer asks for
-experience and pushes weights, the worker never reaches back.
+It holds the sampling policy, the frozen reference model, the critic, the reward scorer and the tokenizer;
+it generates and scores (`generate_sequences`), and completes the experience with what the run needs
+(`complete`: behaviour and reference log-probs, values), told at construction (`ExperienceNeeds`). The
+trainer's rollout engine owns one over the trainer's models (rollout/engines.py); a decoupled sampler
+process builds one from the config (rollout/sampler.py `build_worker`) and loads each policy version the
+trainer publishes (`update_weights`). No trainer is involved in either: the trainer asks its engine for
+experience, the worker never reaches back.
 """
 
 import contextlib
 import time
+from dataclasses import dataclass
 
 import paddle
 import paddle.distributed as dist
@@ -18,7 +20,7 @@ from paddlenlp.utils.log import logger
 from paddle_alignment import watchdog
 from paddle_alignment.agents.chat_turns import observation_ids
 from paddle_alignment.agents.environments import Environments
-from paddle_alignment.agents.rollout import EnvironmentReplies, ToolReplies, TurnSettings, multi_turn_rollouts
+from paddle_alignment.agents.trajectories import EnvironmentReplies, ToolReplies, TurnSettings, multi_turn_rollouts
 from paddle_alignment.agents.tools import ToolBox, load_tools
 from paddle_alignment.deadline_workers import WorkerPool
 from paddle_alignment.distributed import collective, is_distributed
@@ -28,7 +30,7 @@ from paddle_alignment.micro_batches import MicroBatching
 from paddle_alignment.models.head_logprobs import head_token_stats
 from paddle_alignment.models.lora_utils import adapters_disabled
 from paddle_alignment.models.native_forward import NativeDecoder
-from paddle_alignment.models.ppo_model_utils import response_labels, response_token_stats
+from paddle_alignment.models.ppo_model_utils import response_labels, response_token_stats, response_values
 from paddle_alignment.models.shared_prompts import shared_prompt_groups
 from paddle_alignment.models.tensor_parallel import is_tensor_parallel, whole
 from paddle_alignment.offload import OffloadPlan
@@ -57,42 +59,83 @@ def turn_replies(args, tokenizer):
     return EnvironmentReplies(Environments(args.environment_paths, pool))
 
 
-class RolloutWorker:
-    """Generation, scoring and log-probs of one policy, with the reference model and reward of its config.
+@dataclass(frozen=True)
+class ExperienceNeeds:
+    """What a run's experience holds beyond its scored rollouts: the behaviour policy's log-probs by the
+    trainer's forward (old_logprobs), the reference's, the critic's values, and whether the sampler's own
+    log-probs (rollout_logprobs) must be there (a rollout correction weights the loss by them)."""
 
-    `autocast`: a factory of the mixed-precision context the passes run in (the trainer's own, so that
-    rollout and training run the same kernels). `offload`: the trainer's OffloadPlan, whose groups are
-    brought onto the device around each pass (default: nothing is offloaded).
+    behaviour: bool = False
+    reference: bool = False
+    values: bool = False
+    sampler_logprobs: bool = False
+
+    @classmethod
+    def for_trainer(cls, args, critic=None):
+        """The trainer's: with one optimizer step per rollout the policy has not moved when the loss is computed,
+        so the old log-probs equal the current ones (detached) and their forward is saved, unless the token
+        rewards need them before the update (a KL penalty in the reward)."""
+        behaviour = args.optimizer_steps_per_rl_step > 1 or args.kl_in_reward
+        return cls(behaviour, args.uses_reference_model, critic is not None, bool(args.rollout_correction))
+
+    @classmethod
+    def for_sampler(cls, args):
+        """A decoupled sampler's: its batches train a policy that has moved since they were sampled, so they
+        bring the log-probs of the policy that sampled them (the trainer's engine checks the rest)."""
+        return cls(behaviour=True, reference=args.uses_reference_model)
+
+
+class RolloutWorker:
+    """Generation, scoring and the completion of experience by one policy, with the reference model, critic
+    and reward of its config.
+
+    `needs`: what `complete` adds to the scored rollouts (ExperienceNeeds). `autocast`: a factory of the
+    mixed-precision context the passes run in (the trainer's own, so that rollout and training run the same
+    kernels). The trainer's OffloadPlan (`offload`), handed in when training starts, brings its groups onto the
+    device around each pass (until then nothing is offloaded).
     """
 
-    def __init__(self, args, policy, tokenizer, reward_scorer, reference_model=None, autocast=contextlib.nullcontext,
-                 offload=None):
+    def __init__(self, args, policy, tokenizer, reward_scorer, reference_model=None, critic=None, needs=None,
+                 autocast=contextlib.nullcontext):
         self.args = args
         self.policy = policy
         self.tokenizer = tokenizer
         self.reward_scorer = reward_scorer
         self.reference_model = reference_model
+        self.critic = critic
+        self.needs = needs or ExperienceNeeds()
         self.autocast = autocast
-        self.offload = offload or OffloadPlan({}, None, None)
+        self.offload = OffloadPlan({}, None, None)
         self.sampling = SamplingConfig.from_args(args)
         self.replies = turn_replies(args, tokenizer)  # None: single-turn rollouts
         self.turns = TurnSettings.from_args(args) if self.replies else None
 
-    def generate_sequences(self, items, seed, behaviour_logprobs=False):
+    def generate_sequences(self, items, seed):
         """Rollouts of the prompt `items` sampled from `seed`, with their scores, and the seconds the
-        generation took. `behaviour_logprobs`: also the sampling policy's log-probs by the trainer's forward
-        (old_logprobs, beside the decode loop's own rollout_logprobs) and the reference's: what a decoupled
-        rollout's sampler computes for the trainer."""
+        generation took."""
         started = time.time()
         exp = self.generate(items, seed)
         seconds = time.time() - started
         self.score(exp)
-        if behaviour_logprobs:
-            with self.offload.on_device("train_model"):
-                exp.old_logprobs = self.compute_logprobs(self.policy, exp)
-            if self.args.uses_reference_model:
-                exp.ref_logprobs = self.compute_reference_logprobs(exp)
         return exp, seconds
+
+    def complete(self, exp):
+        """`exp` (scored rollouts) with what the run needs and it lacks (`self.needs`): the behaviour policy's
+        log-probs, the reference's, the critic's values. What a decoupled sampler brought is not computed again."""
+        if self.needs.sampler_logprobs and exp.rollout_logprobs is None:
+            raise ValueError(
+                f"rollout_correction={self.args.rollout_correction} weights the loss by the sampler's log-probs, which only "
+                "the fast decode loop records; this batch was decoded by paddlenlp's generate() (use_fusemt false, "
+                "paddlenlp_ops not built, or a model the fast loop does not run: the log says which)"
+            )
+        with self.offload.on_device("train_model"):
+            if self.needs.behaviour and exp.old_logprobs is None:
+                exp.old_logprobs = self.compute_logprobs(self.policy, exp)
+            if self.needs.values and exp.values is None:
+                exp.values = self.compute_values(exp)
+        if self.needs.reference and exp.ref_logprobs is None:
+            exp.ref_logprobs = self.compute_reference_logprobs(exp)
+        return exp
 
     def generate(self, prompts, seed):
         """`rollout_n` rollouts of each prompt, decoded per_device_rollout_batch_size prompts at a time (the
@@ -142,7 +185,7 @@ class RolloutWorker:
 
     def rollouts(self, items, n, sampling, seed):
         """`n` rollouts of each prompt item: single responses (decode.py), or with `tools` multi-turn trajectories
-        (agents/rollout.py)."""
+        (agents/trajectories.py)."""
         if self.replies is None:
             return generate_rollouts(self.policy, self.tokenizer, items, n, sampling, self.args.use_fusemt, seed)
 
@@ -175,6 +218,20 @@ class RolloutWorker:
             hidden = native.response_hidden(exp.input_ids, exp.attention_mask, exp.prompt_len, groups)
             head = native.lm_head
             return head_token_stats(hidden, head.weight, head.transpose, response_labels(exp), temperature, chunk_tokens)[0]
+
+    @paddle.no_grad()
+    def compute_values(self, exp):
+        """The critic's values at rollout time, in micro-batches of per_device_value_batch_size rows' tokens: [B, R]."""
+        self.critic.eval()
+
+        def values_of(micro):
+            with self.autocast():
+                return whole(response_values(self.critic, micro))
+
+        batching = MicroBatching.from_args(self.args, self.args.per_device_value_batch_size)
+        values = batching.run(exp, values_of, forwards_in_lockstep(self.critic))
+        self.critic.train()
+        return values * exp.response_mask
 
     def compute_reference_logprobs(self, exp):
         """The reference model's log-probs; for a LoRA policy without a separate reference, the policy's own

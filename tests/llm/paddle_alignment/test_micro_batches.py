@@ -6,7 +6,6 @@ import paddle
 import pytest
 from paddlenlp.transformers import Qwen2Config, Qwen2ForCausalLM
 
-from paddle_alignment.algos import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from paddle_alignment.algos.losses import LossScale
 from paddle_alignment.experience import Experience
 from paddle_alignment.micro_batches import MicroBatching, padded_tokens, token_budget_batches
@@ -85,8 +84,8 @@ def test_trimming_cuts_only_unused_padding():
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
 def test_token_budget_micro_batches_give_the_padded_batchs_logprobs_loss_and_gradients(aggregation):
     model, exp = tiny_model(), uneven_experience()
-    objective = PolicyObjective(POLICY_LOSSES.get("ppo_clip"), KL_ESTIMATORS.get("k3"), LOSS_AGGREGATIONS.get(aggregation),
-                                kl_loss_coeff=0.1, entropy_coeff=0.01, clip_low=0.2, clip_high=0.28, temperature=0.8)
+    objective = PolicyObjective("ppo_clip", "k3", aggregation, kl_loss_coeff=0.1, entropy_coeff=0.01,
+                                clip_range_ratio_low=0.2, clip_range_ratio_high=0.28, temperature=0.8)
     scale = LossScale(float(exp.response_mask.sum()), float(len(exp)))
 
     def loss_and_grads(batching):

@@ -114,7 +114,7 @@ def test_a_correction_without_the_samplers_log_probs_stops_the_run(tiny_world, t
 
 
 def test_a_run_with_tools_samples_trajectories_and_logs_their_counters(tiny_world, tmp_path, monkeypatch):
-    """The tools path end to end (rollouts through agents/rollout.py, evaluation included): the demo's policy
+    """The tools path end to end (rollouts through agents/trajectories.py, evaluation included): the demo's policy
     never calls the tool, so every trajectory is one turn, as counted."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(REPO_ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
     run_grpo(tiny_world, tmp_path, tools="tool_samples:add", max_steps=2, eval_steps=0, save_steps=0)

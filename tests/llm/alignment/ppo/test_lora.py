@@ -61,10 +61,10 @@ def test_reference_logprobs_are_the_base_models(tiny_world, lora_run, tmp_path):
     exp = generate_rollouts(trainer.model, trainer.tokenizer, items, 2, SamplingConfig(max_dec_len=4))
     base = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
     base.eval()
-    reference = trainer.rollout_worker.compute_reference_logprobs(exp)
-    np.testing.assert_allclose(reference.numpy(), trainer.rollout_worker.compute_logprobs(base, exp).numpy(), atol=1e-5)
+    reference = trainer.rollout.worker.compute_reference_logprobs(exp)
+    np.testing.assert_allclose(reference.numpy(), trainer.rollout.worker.compute_logprobs(base, exp).numpy(), atol=1e-5)
     # The adapters are back on afterwards: the actor's own log-probs differ from the base model's.
-    actor = trainer.rollout_worker.compute_logprobs(trainer.model, exp)
+    actor = trainer.rollout.worker.compute_logprobs(trainer.model, exp)
     assert float((actor - reference).abs().max()) > 1e-3
 
 

@@ -25,11 +25,10 @@ def t(values, dtype="float32"):
 
 
 def objective(policy_loss="ppo_clip", aggregate="token-mean", **changes):
-    settings = dict(kl_loss_coeff=0.0, entropy_coeff=0.0, clip_low=0.2, clip_high=0.2, clip_ratio_c=0.0, temperature=1.0)
+    settings = dict(kl_loss_coeff=0.0, entropy_coeff=0.0, clip_range_ratio_low=0.2, clip_range_ratio_high=0.2,
+                    clip_ratio_c=0.0, temperature=1.0)
     settings.update(changes)
-    return PolicyObjective(
-        POLICY_LOSSES.get(policy_loss), KL_ESTIMATORS.get("k3"), LOSS_AGGREGATIONS.get(aggregate), **settings
-    )
+    return PolicyObjective(policy_loss, "k3", aggregate, **settings)
 
 
 # ---- temperature -------------------------------------------------------------------------------------
@@ -54,8 +53,8 @@ def test_trainer_logprobs_use_the_sampling_temperature(tiny_world, tmp_path):
         [TINY_CONFIG, *small_run_argv(tiny_world, str(tmp_path), use_rm_server="false", use_rule_reward="true", temperature=0.7)]
     )
     batch = [trainer.train_dataset[i] for i in range(2)]
-    exp = generate_rollouts(trainer.model, trainer.tokenizer, batch, 2, trainer.rollout_worker.sampling)
-    old = trainer.rollout_worker.compute_logprobs(trainer.model, exp).numpy()  # the path of old and reference log-probs
+    exp = generate_rollouts(trainer.model, trainer.tokenizer, batch, 2, trainer.rollout.worker.sampling)
+    old = trainer.rollout.worker.compute_logprobs(trainer.model, exp).numpy()  # the path of old and reference log-probs
     with paddle.no_grad():
         logits = response_logits(trainer.model, exp).astype("float32").numpy() / 0.7
     log_softmax = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)

@@ -1,4 +1,4 @@
-"""Multi-turn rollouts (agents/rollout.py) with a scripted policy: the trainer gets the sampled ids as sampled and
+"""Multi-turn rollouts (agents/trajectories.py) with a scripted policy: the trainer gets the sampled ids as sampled and
 the observation ids between them, masked out of training; budgets, failing and hanging tools end as counted,
 never as a hung or silent run; environments (agents/environments.py) answer turns and reward them."""
 
@@ -13,7 +13,7 @@ from llm.alignment.ppo import run_ppo
 from llm.tools.build_real_tokenizer import build_real_tokenizer
 from paddle_alignment.agents.chat_turns import observation_ids
 from paddle_alignment.agents.environments import Environments, environment_class, environment_path
-from paddle_alignment.agents.rollout import TURN_STATS, EnvironmentReplies, ToolReplies, TurnSettings, multi_turn_rollouts
+from paddle_alignment.agents.trajectories import TURN_STATS, EnvironmentReplies, ToolReplies, TurnSettings, multi_turn_rollouts
 from paddle_alignment.agents.tools import Tool, ToolBox
 from paddle_alignment.deadline_workers import WorkerPool
 from paddle_alignment.models.native_forward import SWITCH as NATIVE_SWITCH
@@ -202,7 +202,7 @@ def test_the_log_probs_of_every_turn_equal_a_fresh_forward_over_the_whole_trajec
     argv = overrides(tiny_world, str(tmp_path), use_rule_reward=False, environment=SAMPLES + "Countdown", max_turns=3,
                      max_dec_len=120, max_length=140, temperature=0.7, eval_datasets="")
     trainer = run_ppo.build_trainer([TINY_CONFIG, *argv])
-    worker = trainer.rollout_worker
+    worker = trainer.rollout.worker
     items = [item for item in trainer.train_dataset.items if int(item["label"]) >= 3][:4]  # Countdown goes on 3 turns
     prefilled = []
     prefill = StaticCacheDecoder.prefill

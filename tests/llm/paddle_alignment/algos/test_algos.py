@@ -29,7 +29,7 @@ def test_grpo_advantages_by_hand():
 def test_grpo_without_std_normalisation_is_dr_grpo():
     rewards = t([3.0, 1.0, 10.0, 10.0])
     groups = t([0, 0, 1, 1], "int64")
-    adv = ADVANTAGE_ESTIMATORS.get("grpo")(rewards, paddle.ones([4, 2]), groups, norm_adv_by_std=False).numpy()
+    adv = ADVANTAGE_ESTIMATORS.get("grpo")(rewards, paddle.ones([4, 2]), groups, norm_adv_by_std_in_grpo=False).numpy()
     np.testing.assert_allclose(adv[:, 0], [1.0, -1.0, 0.0, 0.0], atol=1e-6)
 
 
@@ -56,7 +56,7 @@ def test_ppo_clip_loss_and_clip_fractions_by_hand():
     new = t([[math.log(1.5), math.log(0.5), math.log(1.1)]])
     adv = t([[1.0, -1.0, 2.0]])
     mask = t([[1.0, 1.0, 1.0]])
-    loss, stats = POLICY_LOSSES.get("ppo_clip")(new, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    loss, stats = POLICY_LOSSES.get("ppo_clip")(new, old, adv, mask, clip_range_ratio_low=0.2, clip_range_ratio_high=0.28)
     # max(-A r, -A clip(r)): -1.28, max(0.5, 0.8) = 0.8, -2.2
     np.testing.assert_allclose(loss.numpy(), [[-1.28, 0.8, -2.2]], rtol=1e-5)
     assert float(stats["clipfrac_high"]) == pytest.approx(1 / 3)
@@ -168,7 +168,7 @@ def test_gspo_uses_one_clipped_ratio_per_sequence():
     new.stop_gradient = False
     mask = t([[1, 1, 0], [1, 1, 1]])
     adv = t([[-1.0, -1.0, -1.0], [2.0, 2.0, 2.0]])
-    loss, stats = POLICY_LOSSES.get("gspo")(new, old, adv, mask, clip_low=0.2, clip_high=0.3)
+    loss, stats = POLICY_LOSSES.get("gspo")(new, old, adv, mask, clip_range_ratio_low=0.2, clip_range_ratio_high=0.3)
     s0 = math.exp(0.1)
     np.testing.assert_allclose(loss.numpy()[0, :2], [s0, s0], rtol=1e-5)
     np.testing.assert_allclose(loss.numpy()[1], [-2.6, -2.6, -2.6], rtol=1e-5)
@@ -184,8 +184,8 @@ def test_call_with_options_passes_only_named_settings():
     from paddle_alignment.algos.registry import call_with_options
 
     rewards, mask, groups = t([1.0, 3.0]), paddle.ones([2, 1]), t([0, 0], "int64")
-    grpo = call_with_options(ADVANTAGE_ESTIMATORS.get("grpo"), rewards, mask, groups, norm_adv_by_std=False)
-    rloo = call_with_options(ADVANTAGE_ESTIMATORS.get("rloo"), rewards, mask, groups, norm_adv_by_std=False)
+    grpo = call_with_options(ADVANTAGE_ESTIMATORS.get("grpo"), rewards, mask, groups, norm_adv_by_std_in_grpo=False)
+    rloo = call_with_options(ADVANTAGE_ESTIMATORS.get("rloo"), rewards, mask, groups, norm_adv_by_std_in_grpo=False)
     np.testing.assert_allclose(grpo.numpy()[:, 0], [-1.0, 1.0])
     np.testing.assert_allclose(rloo.numpy()[:, 0], [-2.0, 2.0])
 

@@ -7,7 +7,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_alignment.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS
+from paddle_alignment.algos import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from paddle_alignment.algos.registry import call_with_options
 from paddle_alignment.models.ppo_model_utils import PolicyObjective
 
@@ -43,7 +43,7 @@ def estimate(name, arrays):
         ADVANTAGE_ESTIMATORS.get(name), tensors["rewards"], tensors["response_mask"],
         group_index=paddle.to_tensor([0, 0, 1, 1, 2, 2], dtype="int64"), values=tensors["values"],
         logprobs=tensors["logprobs"], ref_logprobs=tensors["ref_logprobs"], kl_coeff=0.1, gamma=0.9, lam=0.8,
-        norm_adv_by_std=True, normalize_advantage=True, reward_kl=KL_ESTIMATORS.get("k3"),
+        norm_adv_by_std_in_grpo=True, normalize_advantage=True, reward_kl_estimator="k3",
     )
     return [part.numpy() for part in (result if isinstance(result, tuple) else (result,))]
 
@@ -69,9 +69,8 @@ def test_observation_tokens_change_neither_the_loss_nor_its_gradient(policy_loss
     mask[:, 2:5] = 0.0  # an observation span
     mask[2, 6:] = 0.0  # and padding
     objective = PolicyObjective(
-        POLICY_LOSSES.get(policy_loss), KL_ESTIMATORS.get("k3"), LOSS_AGGREGATIONS.get(loss_agg_mode), kl_loss_coeff=0.1,
-        entropy_coeff=0.01, clip_low=0.2, clip_high=0.28, response_budget=8,
-        rollout_correction=ROLLOUT_CORRECTIONS.get("token_tis"),
+        policy_loss, "k3", loss_agg_mode, kl_loss_coeff=0.1, entropy_coeff=0.01, clip_range_ratio_low=0.2,
+        clip_range_ratio_high=0.28, max_dec_len=8, rollout_correction="token_tis",
     )
     base = {name: -rng.random([3, 8]).astype("float32") for name in ("logprobs", "entropy", "old", "ref", "rollout")}
     advantages = paddle.to_tensor(rng.normal(size=[3, 8]).astype("float32") * mask)

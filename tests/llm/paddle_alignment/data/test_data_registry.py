@@ -503,7 +503,7 @@ def test_prompt_only_refuses_a_reference_the_reward_cannot_read_naming_file_line
     path = tmp_path / "gsm8k.jsonl"
     # A blank line: the error names the file's line, not the row's index.
     path.write_text("\n".join(json.dumps(row) for row in rows[:2]) + "\n\n" + "\n".join(json.dumps(row) for row in rows[2:]) + "\n")
-    check = get_reward_task("math").check_target
+    check = get_reward_task("math").target_refusal
     with pytest.raises(ValueError, match=re.escape(f"{path}:5: the reward cannot read the reference answer ('tgt'): math tgt '#### seventy-two'")):
         PromptOnlyDataset(str(path), tokenizer, max_prompt_len=10, require_label=True, check_label=check)
     path.write_text("\n".join(json.dumps(row) for row in rows[:3]) + "\n")

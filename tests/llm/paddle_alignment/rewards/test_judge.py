@@ -35,7 +35,7 @@ def test_a_verdict_is_the_first_group_of_the_pattern_and_anything_else_is_none()
 
 class ScriptedJudge(LocalJudge):
     def __init__(self, replies):
-        super().__init__(None, None, DEFAULT_VERDICT_PATTERN, 8, 4)
+        super().__init__(None, None, DEFAULT_VERDICT_PATTERN, 8, 4, decode=None)
         self.scripted, self.asked = replies, []
 
     def replies(self, requests):

@@ -26,7 +26,7 @@ from paddle_alignment.checkpoints import saving as checkpoint_io
 from paddle_alignment.rollout import ColocatedRollout, sync_check, weights
 from paddle_alignment.rollout.decode import ROLLOUT_OPS
 from paddle_alignment.rollout.decoupled import process_alive, whole_model_argv
-from paddle_alignment.rollout.worker import RolloutWorker
+from paddle_alignment.rollout.worker import ExperienceNeeds, RolloutWorker
 
 # A checkpoint every 2 steps, no evaluation, a learning rate that does not depend on max_steps.
 QUICK = {"rollout_mode": "decoupled", "save_steps": 2, "eval_datasets": "", "lr_scheduler_type": "constant"}
@@ -80,7 +80,7 @@ class StaleRollout(ColocatedRollout):
 def test_the_ratio_uses_the_behaviour_log_probs_a_stale_batch_brings(tiny_world, tmp_path):
     argv = overrides(tiny_world, str(tmp_path), max_steps=1, per_device_train_batch_size=16, kl_loss_coeff=0.0, eval_datasets="")
     trainer = run_ppo.build_trainer([TINY_CONFIG, *argv])
-    trainer.rollout = StaleRollout(trainer.rollout_worker)
+    trainer.rollout = StaleRollout(trainer.rollout.worker)
     trainer.prepare_training()
     batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.generation_batch_size)
     exp, metrics = trainer.rl_step(batches)
@@ -101,8 +101,9 @@ def test_the_sampler_records_the_behaviour_log_probs_a_forward_pass_gives(tiny_w
     built_paddlenlp_ops(ROLLOUT_OPS)  # the fast decode loop records them as it samples
     argv = overrides(tiny_world, str(tmp_path), temperature=0.7, eval_datasets="", max_dec_len=6, min_dec_len=3)
     trainer = run_ppo.build_trainer([TINY_CONFIG, *argv])
-    worker = trainer.rollout_worker
-    exp, _ = worker.generate_sequences([trainer.train_dataset[i] for i in range(4)], seed=3, behaviour_logprobs=True)
+    worker = trainer.rollout.worker
+    worker.needs = ExperienceNeeds.for_sampler(trainer.args)  # what a sampler adds to its rollouts
+    exp = worker.complete(worker.generate_sequences([trainer.train_dataset[i] for i in range(4)], seed=3)[0])
     forward = worker.compute_logprobs(trainer.model, exp).numpy()  # softmax(logits / 0.7), as the loss has it
     mask = exp.response_mask.numpy()
     assert mask.sum() > 16
@@ -232,8 +233,8 @@ def test_resume_after_a_crash_trains_exactly_as_an_uninterrupted_run(tiny_world,
     # A crash right after checkpoint-2, whose rollout queue holds the batch sampled for step 3.
     save = checkpoint_io.save_checkpoint
 
-    def save_then_crash(trainer):
-        save(trainer)
+    def save_then_crash(run):
+        save(run)
         raise KeyboardInterrupt("crash after the checkpoint")
 
     monkeypatch.setattr(checkpoint_io, "save_checkpoint", save_then_crash)
@@ -359,7 +360,7 @@ def sync_pair(tiny_world, tmp_path):
     trainer = run_ppo.build_trainer([TINY_CONFIG, *argv])
     sampler_policy = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
     sampler = RolloutWorker(trainer.args, sampler_policy, trainer.tokenizer, reward_scorer=None)
-    return trainer.rollout_worker, sampler
+    return trainer.rollout.worker, sampler
 
 
 def train_one_parameter(policy, name):

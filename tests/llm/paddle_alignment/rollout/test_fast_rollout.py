@@ -1,4 +1,4 @@
-"""The fast rollout engine (static KV cache + paddlenlp_ops) against paddlenlp generate() and the model."""
+"""The fast decode loop (static KV cache + paddlenlp_ops) against paddlenlp generate() and the model."""
 
 import json
 import logging
@@ -16,6 +16,7 @@ from paddle_alignment.models.fused_kernels import attention_ops, fused_ops
 from paddle_alignment.models.native_forward import SWITCH as NATIVE_SWITCH, native_ops
 from paddle_alignment.rollout import decode as infer_utils
 from paddle_alignment.rollout.decode import SamplingConfig, generate_rollouts
+from paddle_alignment.tokens import left_pad
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,7 @@ def test_a_prompt_prefilled_once_samples_as_its_repeated_rows(ops, tiny_world, t
     model = AutoModelForCausalLM.from_pretrained(tiny_world["random_model"])
     model.eval()
     items = eval_items(tiny_world, tokenizer, 3) + prompt_items(tokenizer, ["9+", "1+2+3+4+5+6="])  # padded unequally
-    prompts, mask = infer_utils.left_pad([item["input_ids"] for item in items], tokenizer.pad_token_id)
+    prompts, mask = left_pad([item["input_ids"] for item in items], tokenizer.pad_token_id)
     sampling = SamplingConfig(max_dec_len=7, temperature=1.3)
     with paddle.no_grad():
         shared = infer_utils.decode_with_ops(ops, model, tokenizer, prompts, mask, sampling, 3, copies=4)
@@ -131,7 +132,7 @@ def test_dropping_finished_rows_changes_no_token_and_no_logprob(ops, tiny_world,
     model = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
     model.eval()
     items = eval_items(tiny_world, tokenizer, 6)
-    prompts, mask = infer_utils.left_pad([item["input_ids"] for item in items], tokenizer.pad_token_id)
+    prompts, mask = left_pad([item["input_ids"] for item in items], tokenizer.pad_token_id)
     sampling = SamplingConfig(max_dec_len=24, temperature=1.5)
     drops = []
     drop = infer_utils.RunningRows.drop_finished
@@ -170,7 +171,7 @@ def test_the_penalty_op_runs_only_on_steps_it_can_change(ops, tiny_world, tokeni
     every step."""
     model = AutoModelForCausalLM.from_pretrained(tiny_world["random_model"])
     model.eval()
-    prompts, mask = infer_utils.left_pad([item["input_ids"] for item in eval_items(tiny_world, tokenizer, 4)],
+    prompts, mask = left_pad([item["input_ids"] for item in eval_items(tiny_world, tokenizer, 4)],
                                          tokenizer.pad_token_id)
     sampling = SamplingConfig(max_dec_len=8, min_dec_len=3, temperature=1.3, repetition_penalty=repetition_penalty)
     counting = CountingPenalties(ops)
@@ -267,17 +268,3 @@ def test_weights_sliced_by_sharding_stage_3_decode_through_generate(ops, tiny_wo
     model.qwen2.layers[0].mlp.up_proj.weight.fw_storage = paddle.zeros([1])  # as paddle's group_sharded stage 3 marks one
     assert "sharding stage 3" in infer_utils.unsupported_reason(model)
     assert infer_utils.fast_path_ops(model, use_fast=True) is None
-
-def test_responses_decode_as_batch_decode_skipping_special_tokens(tmp_path):
-    """Special ids dropped before decoding give batch_decode's own skip_special_tokens=True text."""
-    from llm.tools.build_tokenizer import build_tokenizer
-
-    tokenizer = build_tokenizer(str(tmp_path))
-    special = tokenizer.all_special_ids
-    assert len(special) == 3
-    rng = np.random.default_rng(0)
-    rows = rng.integers(0, len(tokenizer), size=(300, 7)).tolist()
-    rows[0] = [104, special[0], 105, *special]
-    want = tokenizer.batch_decode(rows, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-    assert infer_utils.decode_responses(tokenizer, rows) == want
-    assert want[0] == "hi" and sum(token in special for row in rows for token in row) > 20

@@ -123,20 +123,36 @@ def frozen(model):
     return model
 
 
+# transformers' names of a tokenizer backed by tokenizer.json alone: 4's PreTrainedTokenizerFast (Llama 3's), and
+# 5's TokenizersBackend (what it writes for every such tokenizer but the families it has classes for).
+GENERIC_FAST_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers 5 writes the chat template
+
+
 def pretrained_tokenizer(path):
     """paddlenlp's tokenizer for `path`; from tokenizer.json when the folder has one (as every Hugging Face
     download does), with the `tokenizers` library, so ids equal transformers' own. paddlenlp's Python
     Qwen2Tokenizer reads only vocab.json and tokenizer_config.json, and on Qwen2.5's files it drops the
     newline after each <|im_end|> (special tokens listed as plain strings strip the whitespace around
-    them) and splits <tool_call> into bytes. A tokenizer_config.json naming transformers'
-    `PreTrainedTokenizerFast` (Llama 3's) gets paddlenlp's class of that role, which AutoTokenizer misses
-    for its other spelling."""
+    them) and splits <tool_call> into bytes. A tokenizer_config.json naming a generic class of transformers
+    (GENERIC_FAST_CLASSES) gets paddlenlp's class of that role, which AutoTokenizer does not know by those
+    names. A folder's chat_template.jinja (transformers 5 writes the template there, not into
+    tokenizer_config.json) is the tokenizer's chat template, as transformers reads it."""
+    tokenizer = tokenizer_from_files(path)
+    template = os.path.join(path, CHAT_TEMPLATE_FILE)
+    if os.path.isfile(template):
+        with open(template, encoding="utf-8") as f:
+            tokenizer.init_chat_template(f.read())
+    return tokenizer
+
+
+def tokenizer_from_files(path):
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
         return AutoTokenizer.from_pretrained(path)
     config_file = os.path.join(path, "tokenizer_config.json")
     if os.path.isfile(config_file):
         with open(config_file, encoding="utf-8") as f:
-            if json.load(f).get("tokenizer_class") == "PreTrainedTokenizerFast":
+            if json.load(f).get("tokenizer_class") in GENERIC_FAST_CLASSES:
                 return PretrainedTokenizerFast.from_pretrained(path)
     return AutoTokenizer.from_pretrained(path, use_fast=True)
 

@@ -155,8 +155,12 @@ class ToolReplies:
     def start(self, trajectories, items, n, pool):
         pass
 
-    def reply(self, turns, pool):
-        """The observation texts answering each (trajectory, text) of `turns` (None: the trajectory ends)."""
+    def reply(self, turns, pool, answerable=True):
+        """The observation texts answering each (trajectory, text) of `turns` (None: the trajectory ends). When
+        no turn is left to read the answers (`answerable` false) the calls are not run, nor counted: a call's
+        answer is all it gives."""
+        if not answerable:
+            return [None] * len(turns)
         results = run_calls([turn_calls(text, self.style) for _, text in turns], self.toolbox, pool)
         for (trajectory, _), answers in zip(turns, results):
             count_results(trajectory, answers)
@@ -178,7 +182,9 @@ class EnvironmentReplies:
         for trajectory, item, state in zip(trajectories, rows, resets):
             trajectory.environment = (item["environment"], state)
 
-    def reply(self, turns, pool):
+    def reply(self, turns, pool, answerable=True):
+        """Each turn's step: its reward counts whether or not a turn is left to read its observation."""
+
         def step(turn):
             trajectory, text = turn
             path, state = trajectory.environment
@@ -228,8 +234,9 @@ def run_turns(sample, tokenizer, trajectories, sampling, replies, settings, seed
                 continue
             trajectory.finished = True
             answered.append((trajectory, decode_responses(tokenizer, [ids])[0]))
-        for (trajectory, _), observations in zip(answered, replies.reply(answered, pool)):
-            if observations is None or turn == settings.max_turns - 1:
+        last = turn == settings.max_turns - 1
+        for (trajectory, _), observations in zip(answered, replies.reply(answered, pool, answerable=not last)):
+            if observations is None or last:
                 trajectory.stop()
                 continue
             cut = [cut_observation(tokenizer, text, settings.max_tool_response_tokens) for text in observations]

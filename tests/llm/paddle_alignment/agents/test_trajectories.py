@@ -142,6 +142,15 @@ def test_budgets_end_a_trajectory_and_say_so(tokenizer, toolbox):
     assert stats["truncated"] == [1] and stats["turns"] == [1] and stats["observation_tokens"] == [0]
 
 
+def test_the_last_turns_calls_are_not_run_when_no_turn_is_left_to_answer_them(tokenizer, toolbox):
+    eos = tokenizer.eos_token_id
+    hang = tokenizer.encode('<tool_call>{"name": "hang", "arguments": {"seconds": 30}}</tool_call>', add_special_tokens=False)["input_ids"]
+    _, exp, stats, _ = rollout(tokenizer, toolbox, [hang + [eos]], max_turns=1, n=1)
+    # A hang that ran would have timed out (and been counted): its answer could never be read.
+    assert stats["turns"] == [1] and stats["tool_calls"] == [0] and stats["tool_timeouts"] == [0]
+    assert exp.finished.numpy().tolist() == [True]
+
+
 @pytest.fixture(scope="module")
 def environments(toolbox):  # toolbox: tests/ on the workers' PYTHONPATH
     pool = WorkerPool("paddle_alignment.agents.tool_worker", "environment", 2, 1.0)

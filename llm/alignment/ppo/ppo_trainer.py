@@ -30,7 +30,6 @@ from paddle_alignment.algos.metrics import explained_variance, is_maximum, rlhf_
 from paddle_alignment.algos.reward_shaping import groups_with_reward_variance, shape_rewards
 from paddle_alignment.algos.schedules import build_lr_scheduler
 from paddle_alignment.checkpoints import saving as checkpoint_io
-from paddle_alignment.checkpoints.saving import CRITIC_OPTIMIZER_NAME, CRITIC_SCHEDULER_NAME, FinalModel, TrainedModel
 from paddle_alignment.checkpoints.folders import output_dir_claimed
 from paddle_alignment.distributed import (
     all_reduce_scalars,
@@ -97,16 +96,18 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
 
     def run_state(self):
         """What this run's checkpoints hold, handed to checkpoints/saving.py."""
-        trained = [TrainedModel("policy", self.model, self.model_wrapped, self.optimizer, self.lr_scheduler)]
-        finals = [FinalModel("policy", self.model)]
+        trained = [checkpoint_io.TrainedModel("policy", self.model, self.model_wrapped, self.optimizer, self.lr_scheduler)]
+        finals = [checkpoint_io.FinalModel("policy", self.model)]
         if self.critic is not None:
-            trained.append(TrainedModel(
+            trained.append(checkpoint_io.TrainedModel(
                 "value", self.critic, getattr(self, "critic_wrapped", self.critic), self.critic_optimizer,
-                self.critic_lr_scheduler, CRITIC_OPTIMIZER_NAME, CRITIC_SCHEDULER_NAME,
+                self.critic_lr_scheduler, checkpoint_io.CRITIC_OPTIMIZER_NAME, checkpoint_io.CRITIC_SCHEDULER_NAME,
             ))
-            finals.append(FinalModel("value", self.critic))
-        finals += [FinalModel("policy_merged", self.model, merge_lora=True)] if self.lora_save_merged else []
-        finals += [FinalModel("policy_hf", self.model, is_lora(self.model), hf_layout=True)] if self.export_hf else []
+            finals.append(checkpoint_io.FinalModel("value", self.critic))
+        if self.lora_save_merged:
+            finals.append(checkpoint_io.FinalModel("policy_merged", self.model, merge_lora=True))
+        if self.export_hf:
+            finals.append(checkpoint_io.FinalModel("policy_hf", self.model, is_lora(self.model), hf_layout=True))
         return checkpoint_io.RunState(
             self.args, self.state, self.tokenizer, trained, finals,
             stateful={"reward_normalizer": self.reward_normalizer} if self.reward_normalizer is not None else {},

@@ -6,12 +6,12 @@ An estimator's parameters are named after what fills them (`AdvantageEstimation`
 and its options, named as their config keys (norm_adv_by_std_in_grpo, gamma, ...). A new estimator is a
 registered function, and any new option a field of AdvantageEstimation with its config key."""
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import paddle
 
 from paddle_alignment.algos.masked import masked_whiten
-from paddle_alignment.algos.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, call_with_options
+from paddle_alignment.algos.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, call_with_options, from_config
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class AdvantageEstimation:
 
     @classmethod
     def from_args(cls, args):
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+        return from_config(cls, args)
 
     def __call__(self, exp, reduce_sum=None):
         """(advantages, returns: None but for an estimator that trains a critic), [B, R], of the Experience

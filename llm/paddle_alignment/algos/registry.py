@@ -1,5 +1,6 @@
 """Name -> function registries, so a config key selects an algorithm and adding one touches one file."""
 
+import dataclasses
 import inspect
 from types import SimpleNamespace
 
@@ -39,6 +40,11 @@ class Registry:
 
     def names(self):
         return sorted(self._functions)
+
+
+def from_config(cls, config):
+    """The dataclass `cls` with each field the run's `config` key of its name: how an algorithm's options reach it."""
+    return cls(**{field.name: getattr(config, field.name) for field in dataclasses.fields(cls)})
 
 
 def call_with_options(fn, *args, **options):

@@ -7,7 +7,7 @@ of one prompt running its forward once where asked (`shared_prompt_hidden`)."""
 import contextlib
 import functools
 import logging
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import paddle
 from paddlenlp.transformers.llama.modeling import LlamaLMHead
@@ -16,7 +16,7 @@ from paddlenlp.transformers.qwen2.modeling import Qwen2LMHead
 from paddle_alignment.algos import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS
 from paddle_alignment.algos.losses import LossScale, clipped_value_loss
 from paddle_alignment.algos.masked import masked_mean
-from paddle_alignment.algos.registry import call_with_options
+from paddle_alignment.algos.registry import call_with_options, from_config
 from paddle_alignment.algos.rollout_correction import mismatch_metrics, turn_mismatch_metrics
 from paddle_alignment.algos.token_stats import position_ids_from_mask
 from paddle_alignment.distributed import sliced_by_sharding
@@ -64,7 +64,7 @@ class PolicyObjective:
     @classmethod
     def from_args(cls, args):
         """The objective of the run's config: each field from the key of its name."""
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+        return from_config(cls, args)
 
     def __post_init__(self):
         for name, registry in (("policy_loss", POLICY_LOSSES), ("kl_estimator", KL_ESTIMATORS), ("loss_agg_mode", LOSS_AGGREGATIONS)):
@@ -155,7 +155,7 @@ class ValueObjective:
     @classmethod
     def from_args(cls, args):
         """The objective of the run's config: each field from the key of its name."""
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+        return from_config(cls, args)
 
     def __call__(self, values, old_values, returns, response_mask, scale=None):
         token_loss, stats = clipped_value_loss(values, old_values, returns, response_mask, self.clip_range_value)

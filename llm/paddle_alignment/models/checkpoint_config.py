@@ -11,7 +11,7 @@ could reach.
 
 from paddlenlp.transformers import AutoConfig
 
-from paddle_alignment.models.rope import canonical_rope
+from paddle_alignment.models.rope import canonical_rope, use_rope_tables
 
 
 def read_config(folder, options):
@@ -28,6 +28,13 @@ def read_config(folder, options):
         raise ValueError(f"{folder}/config.json: {error}") from None
     config.dtype = dtype or config.dtype or "float32"
     return config, model_kwargs
+
+
+def from_paddle_folder(folder, class_for_config, options):
+    """The model `class_for_config(config)` of a Paddle-layout `folder` by paddlenlp's loader, its config read by
+    read_config and its RoPE tables as transformers computes them."""
+    config, model_kwargs = read_config(folder, options)
+    return use_rope_tables(class_for_config(config).from_pretrained(folder, config=config, **model_kwargs))
 
 
 def refuse_unsupported(config):

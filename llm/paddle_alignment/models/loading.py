@@ -15,9 +15,8 @@ from paddlenlp.transformers.tokenizer_utils_fast import PretrainedTokenizerFast
 from paddlenlp.utils.log import logger
 
 from paddle_alignment.models.fused_kernels import use_fused_kernels
-from paddle_alignment.models.checkpoint_config import read_config
+from paddle_alignment.models.checkpoint_config import from_paddle_folder
 from paddle_alignment.models.hf_layout import safetensors_files, weight_files
-from paddle_alignment.models.rope import use_rope_tables
 from paddle_alignment.models.score_model import AutoModelForScore
 from paddle_alignment.models.split_loading import load_hf_folder, load_split
 from paddle_alignment.models.tensor_parallel import shard_model
@@ -87,8 +86,7 @@ def from_folder(path, class_for_config, options):
     Face-layout folder by hf_layout.py, else by paddlenlp's loader; its RoPE tables as transformers computes them."""
     if weight_files(path):
         return load_hf_folder(path, class_for_config, **options)
-    config, model_kwargs = read_config(path, options)
-    return use_rope_tables(class_for_config(config).from_pretrained(path, config=config, **model_kwargs))
+    return from_paddle_folder(path, class_for_config, options)
 
 
 def causal_lm_class(config):

@@ -19,7 +19,6 @@ from typing import Optional
 import paddle
 from paddle import nn
 from paddlenlp.transformers import (
-    AutoConfig,
     LlamaModel,
     LlamaPretrainedModel,
     Qwen2Model,
@@ -28,6 +27,7 @@ from paddlenlp.transformers import (
 from paddlenlp.transformers.model_outputs import ModelOutput
 
 from paddle_alignment.algos.token_stats import end_positions, position_ids_from_mask
+from paddle_alignment.models.checkpoint_config import from_paddle_folder
 from paddle_alignment.models.score_model_utils import IdentityNormalizer, build_normalizer
 
 SCORE_CONFIG_DEFAULTS = {
@@ -146,8 +146,9 @@ class AutoModelForScore:
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
-        config = AutoConfig.from_pretrained(pretrained_model_name_or_path)
-        return cls.class_for(config).from_pretrained(pretrained_model_name_or_path, **kwargs)
+        """A Paddle-layout score model (or a causal LM's folder: its backbone and a fresh head), its config.json
+        read as every loader reads it (models/checkpoint_config.py)."""
+        return from_paddle_folder(pretrained_model_name_or_path, cls.class_for, kwargs)
 
     @classmethod
     def from_config(cls, config, **overrides):

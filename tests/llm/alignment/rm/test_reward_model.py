@@ -11,8 +11,12 @@ from paddlenlp.transformers import AutoTokenizer
 from helpers import RM_CONFIG, train_reward_model
 from llm.alignment.rm import run_reward
 from paddle_alignment.experience import Experience
+from paddle_alignment.models.loading import frozen, load_score_model
 from paddle_alignment.models.score_model import AutoModelForScore
 from paddle_alignment.rewards.scoring import RewardModelScorer
+
+CPU_FLOAT32 = type("Args", (), {"fp16_opt_level": "O1", "bf16": False, "fp16": False, "tensor_parallel_degree": -1, "device": "cpu"})()
+
 
 @pytest.fixture(scope="module")
 def reward_model_dir(tiny_reward_model):
@@ -30,8 +34,9 @@ def test_reward_model_scorer_agrees_with_the_trainers_evaluation(tiny_world, rew
     """RewardModelScorer (PPO's reward) tokenizes prompt + response + EOS as the preference pairs were, so
     its preferences on the eval pairs give exactly the accuracy the trainer reported."""
     tokenizer = AutoTokenizer.from_pretrained(reward_model_dir)
-    model = AutoModelForScore.from_pretrained(reward_model_dir)
-    model.eval()
+    # Loaded as run_ppo loads its reward model (and run_reward its model): with the CPU kernels the trainer's
+    # evaluation ran, so that pairs scored a hair apart compare as they did there.
+    model = frozen(load_score_model(reward_model_dir, CPU_FLOAT32))
     rows = [json.loads(line) for line in open(tiny_world["pref_eval"])]
     responses = [answer for row in rows for answer in (row["answer"], row["other_answer"])]
     exp = Experience(

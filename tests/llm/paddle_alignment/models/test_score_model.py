@@ -6,6 +6,7 @@ import pytest
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from paddle_alignment.algos.token_stats import end_positions
+from paddle_alignment.models.rope import use_rope_tables
 from paddle_alignment.models.score_model import (
     SCORE_CONFIG_DEFAULTS,
     AutoModelForScore,
@@ -36,10 +37,12 @@ CAUSAL_LMS = {"qwen2": Qwen2ForCausalLM, "llama": LlamaForCausalLM}
 
 
 def tiny_score_model(backbone="qwen2", seed=0, **overrides):
+    """A random score model with the RoPE tables every loader gives (transformers' numbers, where paddlenlp's own
+    differ in the last bit), so that a loaded copy's scores equal it to rounding."""
     paddle.seed(seed)
     model = AutoModelForScore.from_config(CONFIGS[backbone](), **overrides)
     model.eval()
-    return model
+    return use_rope_tables(model)
 
 
 def tensor(x, dtype="float32"):

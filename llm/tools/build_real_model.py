@@ -3,7 +3,7 @@
     python llm/tools/build_real_model.py --name qwen2.5-0.5b --num_layers 2 --output_dir real/qwen-2l
 
 The configuration is the real one (Qwen2.5-0.5B: hidden 896, 14 heads, 2 KV heads, intermediate 4,864,
-vocabulary 151,936, tied embeddings, rope theta 1e6), `--num_layers` cuts it to fewer layers (2 layers:
+vocabulary 151,936, tied embeddings, rope theta 1e6; also Qwen2.5-7B, Qwen3-0.6B and -8B, Llama 3.2-1B and 3.1-8B), `--num_layers` cuts it to fewer layers (2 layers:
 166M parameters, small enough for tests), and the tokenizer is build_real_tokenizer.py's for the family:
 byte-level, the real special tokens at their real ids, covering the whole vocabulary. The folder is
 written as the Hugging Face hub ships an Instruct model (`--layout hf`: model.safetensors in PyTorch's
@@ -25,12 +25,14 @@ from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Q
 from llm.tools.build_real_tokenizer import build_real_tokenizer  # noqa: E402
 from paddle_alignment.models.hf_layout import SHARD_BYTES, generation_config, save_hf_weights, write_json  # noqa: E402
 from paddle_alignment.models.loading import pretrained_tokenizer  # noqa: E402
+from paddle_alignment.models.qwen3 import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 QWEN2_5 = {
     "family": "qwen2", "hidden_act": "silu", "initializer_range": 0.02, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
     "attention_dropout": 0.0, "use_sliding_window": False, "bos_token_id": 151643, "eos_token_id": 151645,
     "vocab_size": 151936,
 }
+QWEN3 = {**QWEN2_5, "family": "qwen3", "head_dim": 128, "max_position_embeddings": 40960, "attention_bias": False}
 LLAMA3_ROPE = {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}
 LLAMA3 = {
     "family": "llama", "hidden_act": "silu", "initializer_range": 0.02, "rms_norm_eps": 1e-5, "rope_theta": 5e5,
@@ -48,6 +50,14 @@ ARCHITECTURES = {
         "num_key_value_heads": 4, "max_position_embeddings": 32768, "sliding_window": 131072, "max_window_layers": 28,
         "tie_word_embeddings": False, "vocab_size": 152064,
     },
+    "qwen3-0.6b": {
+        **QWEN3, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "tie_word_embeddings": True,
+    },
+    "qwen3-8b": {
+        **QWEN3, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "tie_word_embeddings": False,
+    },
     "llama-3.2-1b": {
         **LLAMA3, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
         "num_key_value_heads": 8, "tie_word_embeddings": True, "rope_scaling": LLAMA3_ROPE,
@@ -57,7 +67,8 @@ ARCHITECTURES = {
         "num_key_value_heads": 8, "tie_word_embeddings": False, "rope_scaling": {**LLAMA3_ROPE, "factor": 8.0},
     },
 }
-MODELS = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+MODELS = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
+          "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
 LAYOUTS = ("hf", "paddle")
 
 

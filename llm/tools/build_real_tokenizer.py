@@ -53,6 +53,17 @@ def qwen_family():
     return added, config
 
 
+# Qwen3 adds these after Qwen2.5's tokens, not special either: tool answers and thinking stay in decoded text.
+QWEN3_NON_SPECIAL = ("<tool_response>", "</tool_response>", "<think>", "</think>")
+
+
+def qwen3_family():
+    """(added tokens, tokenizer_config entries) of Qwen3: Qwen2.5's, then QWEN3_NON_SPECIAL."""
+    added, config = qwen_family()
+    added.update({max(added) + 1 + i: (token, False) for i, token in enumerate(QWEN3_NON_SPECIAL)})
+    return added, config
+
+
 def llama3_family():
     """(added tokens, tokenizer_config entries) of Llama 3: 256 special tokens from 128000, the unnamed ones reserved."""
     reserved = (i for i in range(1000))
@@ -64,7 +75,7 @@ def llama3_family():
     return added, config
 
 
-FAMILIES = {"qwen2": qwen_family, "llama": llama3_family}
+FAMILIES = {"qwen2": qwen_family, "qwen3": qwen3_family, "llama": llama3_family}
 
 
 def byte_symbols():

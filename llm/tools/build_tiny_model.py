@@ -1,21 +1,43 @@
-"""Build a tiny randomly initialised Qwen2 causal LM and save it with `save_pretrained`.
+"""Build a tiny randomly initialised causal LM of a model family and save it with its tokenizer.
 
-The result loads with `AutoModelForCausalLM.from_pretrained(output_dir)`, the same code path as a real
-Qwen2.5 checkpoint; the tokenizer is saved beside it so the folder is a complete model.
+    python llm/tools/build_tiny_model.py --tokenizer_dir tiny_demo/tokenizer --output_dir tiny_demo/models/tiny-qwen2
+    python llm/tools/build_tiny_model.py --family qwen3 --layout hf --tokenizer_dir ... --output_dir ...
+
+The result loads as a real checkpoint of that family does: `--layout paddle` (the default) with paddlenlp's
+`save_pretrained`, `--layout hf` as transformers writes it (models/hf_layout.py). Families: qwen2 (the tiny
+demo's), llama, qwen3 (heads of their own size, q/k norms).
 """
 
 import argparse
 
 import paddle
-from paddlenlp.transformers import Qwen2Config, Qwen2ForCausalLM
+from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from paddle_alignment.models.hf_layout import save_hf_folder
 from paddle_alignment.models.loading import pretrained_tokenizer
+from paddle_alignment.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
+
+# family: (config class, model class, fields beyond the shared ones)
+FAMILIES = {
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"tie_word_embeddings": True}),
+    "llama": (LlamaConfig, LlamaForCausalLM, {"tie_word_embeddings": False}),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"tie_word_embeddings": True, "head_dim": "wide"}),
+}
+LAYOUTS = ("paddle", "hf")
 
 
-def build_tiny_model(tokenizer_dir, output_dir, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, seed=0):
-    """Random-init a Qwen2 sized for CPU demos (about 1M parameters at the defaults) and save it."""
+def build_tiny_model(tokenizer_dir, output_dir, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, seed=0,
+                     family="qwen2", layout="paddle"):
+    """Random-init a model of `family` sized for CPU demos (about 1M parameters at the defaults) and save it in
+    `layout` with the tokenizer of `tokenizer_dir`."""
+    if family not in FAMILIES or layout not in LAYOUTS:
+        raise ValueError(f"family must be one of {sorted(FAMILIES)} and layout one of {LAYOUTS}, got {family!r}, {layout!r}")
+    config_class, model_class, fields = FAMILIES[family]
+    fields = dict(fields)
+    if fields.get("head_dim") == "wide":  # heads wider than hidden_size / num_heads, as Qwen3's are
+        fields["head_dim"] = 2 * hidden_size // num_heads
     tokenizer = pretrained_tokenizer(tokenizer_dir)
-    config = Qwen2Config(
+    config = config_class(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 4,
@@ -24,34 +46,39 @@ def build_tiny_model(tokenizer_dir, output_dir, hidden_size=128, num_layers=4, n
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=512,
         rope_theta=10000.0,
-        tie_word_embeddings=True,
         bos_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         dtype="float32",
+        architectures=[model_class.__name__],
+        **fields,
     )
     paddle.seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.save_pretrained(output_dir)
-    tokenizer.save_pretrained(output_dir)
+    model = model_class(config)
+    if layout == "hf":
+        save_hf_folder(model, output_dir, tokenizer)
+    else:
+        model.save_pretrained(output_dir)
+        tokenizer.save_pretrained(output_dir)
     return model
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer_dir", required=True)
     parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="qwen2")
+    parser.add_argument("--layout", choices=LAYOUTS, default="paddle")
     parser.add_argument("--hidden_size", type=int, default=128)
     parser.add_argument("--num_layers", type=int, default=4)
     parser.add_argument("--num_heads", type=int, default=4)
     parser.add_argument("--num_kv_heads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    model = build_tiny_model(
-        args.tokenizer_dir, args.output_dir, args.hidden_size, args.num_layers, args.num_heads, args.num_kv_heads, args.seed
-    )
+    model = build_tiny_model(args.tokenizer_dir, args.output_dir, args.hidden_size, args.num_layers, args.num_heads,
+                             args.num_kv_heads, args.seed, args.family, args.layout)
     n_params = sum(int(p.numel()) for p in model.parameters())
-    print(f"tiny Qwen2 with {n_params} parameters written to {args.output_dir}")
+    print(f"tiny {args.family} with {n_params} parameters written to {args.output_dir} ({args.layout} layout)")
 
 
 if __name__ == "__main__":

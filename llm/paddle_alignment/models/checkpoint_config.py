@@ -9,8 +9,12 @@ hidden_size / num_attention_heads, Llama's attention and MLP biases, sliding-win
 could reach.
 """
 
+import json
+import os
+
 from paddlenlp.transformers import AutoConfig
 
+from paddle_alignment.models.families import CONFIG_CLASSES, MODEL_TYPES, OWN_HEAD_DIM
 from paddle_alignment.models.rope import canonical_rope, use_rope_tables
 
 
@@ -20,7 +24,7 @@ def read_config(folder, options):
     folder's own, else float32) on the config. A field the models cannot honour is a ValueError naming it."""
     options = dict(options)
     dtype = options.pop("dtype", None)
-    config, model_kwargs = AutoConfig.from_pretrained(folder, return_unused_kwargs=True, **options)
+    config, model_kwargs = config_class(folder).from_pretrained(folder, return_unused_kwargs=True, **options)
     try:
         canonical_rope(config)
         refuse_unsupported(config)
@@ -28,6 +32,20 @@ def read_config(folder, options):
         raise ValueError(f"{folder}/config.json: {error}") from None
     config.dtype = dtype or config.dtype or "float32"
     return config, model_kwargs
+
+
+def config_class(folder):
+    """The project's config class for the folder's model_type where paddlenlp has none (models/families.py), else
+    paddlenlp's AutoConfig. A model_type outside the families the models here cover is a ValueError naming it."""
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        return AutoConfig
+    with open(path, encoding="utf-8") as f:
+        model_type = json.load(f).get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"{path}: model_type {model_type!r} is not supported; supported: {sorted(MODEL_TYPES)} "
+                         "(the README's model families)")
+    return CONFIG_CLASSES.get(model_type, AutoConfig)
 
 
 def from_paddle_folder(folder, class_for_config, options):
@@ -40,7 +58,7 @@ def from_paddle_folder(folder, class_for_config, options):
 def refuse_unsupported(config):
     """A ValueError naming the first field of `config` that changes the math in a way the models here lack."""
     heads = config.hidden_size // config.num_attention_heads
-    if getattr(config, "head_dim", None) not in (None, heads):
+    if config.model_type not in OWN_HEAD_DIM and getattr(config, "head_dim", None) not in (None, heads):
         raise ValueError(f"head_dim {config.head_dim} differs from hidden_size / num_attention_heads ({heads}), "
                          f"which the {config.model_type} models here use")
     for field in ("attention_bias", "mlp_bias"):

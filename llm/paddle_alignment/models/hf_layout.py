@@ -42,7 +42,7 @@ HF_CONFIG_KEYS = (
     "attention_bias", "mlp_bias", "use_sliding_window", "sliding_window", "max_window_layers",
     "bos_token_id", "eos_token_id",
 )
-HF_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+HF_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 # Their fused projections have no one-to-one tensor in the folder.
 FUSED_LAYOUT_FLAGS = ("fuse_attention_qkv", "fuse_attention_ffn")
 

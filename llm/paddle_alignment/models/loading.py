@@ -16,6 +16,7 @@ from paddlenlp.utils.log import logger
 
 from paddle_alignment.models.fused_kernels import use_fused_kernels
 from paddle_alignment.models.checkpoint_config import from_paddle_folder
+from paddle_alignment.models.families import CAUSAL_LM_CLASSES
 from paddle_alignment.models.hf_layout import safetensors_files, weight_files
 from paddle_alignment.models.score_model import AutoModelForScore
 from paddle_alignment.models.split_loading import load_hf_folder, load_split
@@ -90,7 +91,11 @@ def from_folder(path, class_for_config, options):
 
 
 def causal_lm_class(config):
-    """paddlenlp's causal-LM class for `config`, chosen from its `architectures` as AutoModelForCausalLM does."""
+    """The causal-LM class for `config`, chosen from its `architectures`: the project's for the families paddlenlp
+    lacks (models/families.py), else paddlenlp's, as AutoModelForCausalLM chooses."""
+    own = [CAUSAL_LM_CLASSES[name] for name in config.architectures or () if name in CAUSAL_LM_CLASSES]
+    if own:
+        return own[0]
     return AutoModelForCausalLM._get_model_class_from_config(None, None, config.to_dict())
 
 

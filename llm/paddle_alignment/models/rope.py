@@ -78,7 +78,7 @@ def canonical_rope(config):
 
 
 def head_dim(config):
-    return config.hidden_size // config.num_attention_heads
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def inverse_frequencies(settings, dim, max_position_embeddings):

@@ -28,6 +28,7 @@ from paddlenlp.transformers.model_outputs import ModelOutput
 
 from paddle_alignment.algos.token_stats import end_positions, position_ids_from_mask
 from paddle_alignment.models.checkpoint_config import from_paddle_folder
+from paddle_alignment.models.qwen3 import Qwen3Config, Qwen3Model
 from paddle_alignment.models.score_model_utils import IdentityNormalizer, build_normalizer
 
 SCORE_CONFIG_DEFAULTS = {
@@ -130,7 +131,12 @@ class LlamaForScore(ScoreModelMixin, LlamaPretrainedModel):
     backbone_class = LlamaModel
 
 
-SCORE_MODEL_CLASSES = {"qwen2": Qwen2ForScore, "llama": LlamaForScore}
+class Qwen3ForScore(ScoreModelMixin, Qwen2PretrainedModel):
+    config_class = Qwen3Config
+    backbone_class = Qwen3Model
+
+
+SCORE_MODEL_CLASSES = {"qwen2": Qwen2ForScore, "llama": LlamaForScore, "qwen3": Qwen3ForScore}
 
 
 class AutoModelForScore:

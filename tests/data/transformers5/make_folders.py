@@ -3,11 +3,11 @@ them, for the tests that load such folders here (tests/llm/paddle_alignment/mode
 
     /path/to/a/python/with/transformers5/and/torch tests/data/transformers5/make_folders.py
 
-Each family's weights (random, seeded; 2 layers, heads of 16) are saved once by `save_pretrained` into
+Each family's weights (random, seeded; 2 layers, heads of 16, or 24 for Qwen3) are saved once by `save_pretrained` into
 `<family>/`; each case is a config.json as the case's writer spells it (transformers 5's `rope_parameters`, or
 the `rope_scaling` block that transformers 4 users paste in) and `logits.npy`: what transformers computes from
 the family's weights under that config for INPUT_IDS at POSITIONS, far past the original context where the
-case scales it.
+case scales it, and `greedy.json`: its greedy continuation of INPUT_IDS.
 """
 
 import json
@@ -22,6 +22,7 @@ import transformers
 HERE = os.path.dirname(os.path.abspath(__file__))
 INPUT_IDS = [[3, 17, 5, 28, 9, 31, 2, 11], [7, 7, 19, 4, 25, 13, 30, 1]]
 POSITIONS = [list(range(8)), list(range(20000, 20008))]
+GREEDY_TOKENS = 8  # greedy.json: transformers' greedy continuation of INPUT_IDS (positions from 0)
 SHAPE = dict(vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
              num_key_value_heads=1)
 FAMILIES = {
@@ -29,6 +30,9 @@ FAMILIES = {
               dict(tie_word_embeddings=True, max_position_embeddings=32768, rms_norm_eps=1e-6)),
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
               dict(tie_word_embeddings=False, max_position_embeddings=131072, rms_norm_eps=1e-5)),
+    # Heads of 24 where hidden_size / heads is 16: Qwen3's head_dim is a field of its own (128 in every size).
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
+              dict(tie_word_embeddings=True, max_position_embeddings=40960, rms_norm_eps=1e-6, head_dim=24)),
 }
 LLAMA3_1 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 # name: (family, the config.json fields of the case; "_v4": spelled as transformers 4 wrote them)
@@ -40,6 +44,7 @@ CASES = {
     # Qwen2.5's model card: add this block to a transformers 4 config.json for contexts past 32,768.
     "qwen2_yarn_v4": ("qwen2", {"rope_theta": 1e6, "max_position_embeddings": 131072,
                                 "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}),
+    "qwen3_default": ("qwen3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
     "llama3_1": ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, **LLAMA3_1}}),
     "llama3_1_v4": ("llama", {"rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", **LLAMA3_1}}),
     "llama_linear": ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}}),
@@ -75,7 +80,11 @@ def save_case(name, family, fields):
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         with torch.no_grad():
             logits = model(torch.tensor(INPUT_IDS), position_ids=torch.tensor(POSITIONS)).logits
+        greedy = model.generate(torch.tensor(INPUT_IDS), max_new_tokens=GREEDY_TOKENS, do_sample=False)[:, len(INPUT_IDS[0]):]
     np.save(os.path.join(case, "logits.npy"), logits.numpy())
+    with open(os.path.join(case, "greedy.json"), "w") as f:
+        json.dump(greedy.tolist(), f)
+        f.write("\n")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 import json
 import os
 
+import numpy as np
+import paddle
 import pytest
 from tokenizers import Tokenizer
 
-from llm.tools.build_real_model import ARCHITECTURES, real_config
+from llm.tools.build_real_model import ARCHITECTURES, MODELS, real_config
 from llm.tools.build_real_tokenizer import build_real_tokenizer
-from paddle_alignment.models.loading import load_tokenizer
+from paddle_alignment.models.loading import load_tokenizer, pretrained_tokenizer
 
 CHAT = "<|im_start|>user\nWhat is 3×4? café ½<|im_end|>\n<|im_start|>assistant\n<tool_call>{}</tool_call>"
 
@@ -68,6 +70,16 @@ def test_the_architectures_have_the_real_models_sizes(name, parameters):
     attention = hidden * hidden * 2 + hidden * kv * 2 + (hidden + 2 * kv if family == "qwen2" else 0)  # Qwen's q/k/v biases
     per_layer = attention + 3 * hidden * config.intermediate_size + 2 * hidden
     assert vocab * hidden * (1 if config.tie_word_embeddings else 2) + layers * per_layer + hidden == parameters
+
+
+def test_qwen3_0_6b_has_the_real_models_size_and_tokens(tmp_path):
+    family, config = real_config("qwen3-0.6b")
+    with paddle.LazyGuard():
+        model = MODELS[family][1](config)
+    assert sum(int(np.prod(p.shape)) for p in model.parameters()) == 596_049_920  # Qwen3-0.6B's model card: 0.6B
+    build_real_tokenizer(str(tmp_path), family, config.vocab_size)
+    tokenizer = pretrained_tokenizer(str(tmp_path))
+    assert tokenizer.convert_tokens_to_ids(["<tool_response>", "<think>", "</think>"]) == [151665, 151667, 151668]
 
 
 def test_num_layers_cuts_the_architecture_and_is_checked():

@@ -19,7 +19,7 @@ FOLDERS = os.path.join(REPO_ROOT, "tests", "data", "transformers5")
 INPUTS = json.load(open(os.path.join(FOLDERS, "inputs.json")))
 CASES = {
     "qwen2_default": "qwen2", "qwen2_yarn": "qwen2", "qwen2_yarn_v4": "qwen2", "llama3_1": "llama",
-    "llama3_1_v4": "llama", "llama_linear": "llama", "llama_dynamic": "llama",
+    "llama3_1_v4": "llama", "llama_linear": "llama", "llama_dynamic": "llama", "qwen3_default": "qwen3",
 }
 
 
@@ -48,6 +48,17 @@ def test_a_transformers_folder_gives_transformers_logits_in_either_layout(tmp_pa
     assert "rope_parameters" not in saved and saved["rope_theta"] == model.config.rope_theta
     reloaded = pretrained_causal_lm(str(tmp_path / "paddle"))
     np.testing.assert_allclose(logits(reloaded), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_greedy_continuations_equal_transformers(tmp_path, case):
+    expected = json.load(open(os.path.join(FOLDERS, case, "greedy.json")))
+    model = pretrained_causal_lm(case_folder(tmp_path, case)).eval()
+    ids = paddle.to_tensor(INPUTS["input_ids"])
+    never = model.config.vocab_size  # transformers' folders here name no end token: it never stops early
+    tokens = model.generate(ids, attention_mask=paddle.ones_like(ids), max_new_tokens=len(expected[0]),
+                            decode_strategy="greedy_search", eos_token_id=never, pad_token_id=0)[0]
+    assert tokens.numpy().tolist() == expected
 
 
 def test_the_rope_settings_read_alike_from_each_spelling():
@@ -88,6 +99,7 @@ def test_a_rope_setting_that_cannot_be_honoured_is_refused_naming_it(fields, nam
         ({"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 64}, r"sliding-window attention \(window 64 on layers \[1\]\)"),
         ({"layer_types": ["full_attention", "chunked_attention"]}, "layer_types \\['chunked_attention'\\]"),
         ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "config.json: rope_parameters: RoPE type 'longrope'"),
+        ({"model_type": "mistral"}, r"config.json: model_type 'mistral' is not supported; supported: \['llama', 'qwen2', 'qwen3'\]"),
     ],
 )
 def test_a_folder_whose_math_the_models_lack_stops_at_load_naming_the_field(tmp_path, fields, named):
@@ -131,7 +143,7 @@ def test_every_layer_of_a_model_reads_one_table():
     assert len(tables) == 1
 
 
-@pytest.mark.parametrize("case", ["qwen2_yarn", "llama3_1"])
+@pytest.mark.parametrize("case", ["qwen2_yarn", "llama3_1", "qwen3_default"])
 def test_an_exported_folder_keeps_the_rope_settings_for_us_and_for_transformers(tmp_path, case):
     expected = np.load(os.path.join(FOLDERS, case, "logits.npy"))
     exported = str(tmp_path / "exported")

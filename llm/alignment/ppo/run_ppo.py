@@ -20,6 +20,7 @@ from paddlenlp.trainer import set_seed
 
 from llm.alignment.ppo.ppo_trainer import PPOTrainer
 from paddle_alignment.agents.environments import environment_path
+from paddle_alignment.agents.tools import load_tools
 from paddle_alignment.checkpoints.folders import claim_output_dir, resolve_resume_checkpoint
 from paddle_alignment.config.arguments import parse_arguments
 from paddle_alignment.data import PromptOnlyDataset, SupervisedDataset
@@ -54,6 +55,8 @@ def build_trainer(argv):
     reward_tokenizer = load_tokenizer(model_args.reward_model_name_or_path) if reward_model is not None else None
     reward_scorer = build_reward_scorer(training_args, reward_model, reward_tokenizer, judge_decode=greedy_responses)
 
+    # The model sees the tools' schemas in its prompts as its chat template shows them (Qwen2.5's "# Tools" block).
+    tool_schemas = [tool.schema() for tool in load_tools(training_args.tool_paths)]
     environments = training_args.environment_paths
     environment_of = functools.partial(environment_path, environments) if environments else None
 
@@ -63,7 +66,7 @@ def build_trainer(argv):
             datasets, tokenizer, data_args.max_prompt_len, max_samples,
             require_label=training_args.use_rule_reward or training_args.use_rm_server,
             filter_overlong_prompts=data_args.filter_overlong_prompts, check_label=reference_checker(reward_scorer),
-            environment_of=environment_of, **columns,
+            environment_of=environment_of, tools=tool_schemas, **columns,
         )
 
     return PPOTrainer(

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import paddle
 
+from paddle_alignment.chat_template import render_chat
 from paddle_alignment.data import builtin  # noqa: F401  (registers the built-in datasets)
 from paddle_alignment.data.raw import load_raw_dataset, parse_dataset_specs
 
@@ -32,16 +33,17 @@ def mixed_indices(size, proportion, seed):
     return [i for _ in range(passes) for i in range(size)] + subset.tolist()
 
 
-def format_prompt(tokenizer, sample):
+def format_prompt(tokenizer, sample, tools=None):
     """The text the model continues: a literal `prompt`, or the conversation before the reply rendered
-    with the tokenizer's chat template (safe-rlhf's format when the tokenizer has none)."""
+    with the tokenizer's chat template and the function schemas `tools` as transformers renders them
+    (safe-rlhf's format when the tokenizer has none)."""
     if sample.prompt is not None:
         return sample.prompt
     turns = sample.dialogue[:-1] if sample.dialogue else [sample.input] if isinstance(sample.input, str) else list(sample.input)
     if getattr(tokenizer, "chat_template", None):
         roles = ["user", "assistant"]
         messages = [{"role": roles[i % 2], "content": text} for i, text in enumerate(turns)]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return render_chat(tokenizer, messages, tools)
     text = PROMPT_BEGIN
     for i, turn in enumerate(turns):
         text += PROMPT_USER.format(text=turn) if i % 2 == 0 else f"{PROMPT_ASSISTANT} {turn} "
@@ -98,13 +100,15 @@ class PromptOnlyDataset(TokenizedDataset):
     Prompts over `max_prompt_len` tokens are truncated on the tokenizer's truncation side (PaddleNLP's
     RLHFDataset; the reward still sees the whole prompt text), or skipped with `filter_overlong_prompts`.
     With `environment_of` (multi-turn environments), item["environment"] is `environment_of(name, where)` of the
-    row's `environment` column, which raises for a name that is not configured."""
+    row's `environment` column, which raises for a name that is not configured. `tools` (the schemas of the run's
+    tools) go into conversation prompts where the chat template shows them."""
 
     def __init__(
         self, datasets, tokenizer, max_prompt_len, max_samples=0, require_label=False, filter_overlong_prompts=False,
-        check_label=None, environment_of=None, **options,
+        check_label=None, environment_of=None, tools=None, **options,
     ):
         self.max_prompt_len, self.require_label, self.environment_of = max_prompt_len, require_label, environment_of
+        self.tools = tools
         self.filter_overlong_prompts, self.truncated = filter_overlong_prompts, 0
         self.locations = []
         super().__init__(datasets, tokenizer, **options)
@@ -120,7 +124,7 @@ class PromptOnlyDataset(TokenizedDataset):
     def build(self, sample, where):
         if self.require_label and sample.answer is None:
             raise ValueError(f"{where}: no reference answer (column {self.label_key!r} or 'answer'), which the reward needs")
-        prompt = format_prompt(self.tokenizer, sample)
+        prompt = format_prompt(self.tokenizer, sample, self.tools)
         input_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         if len(input_ids) > self.max_prompt_len:
             if self.filter_overlong_prompts:

@@ -14,6 +14,7 @@ from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 from paddlenlp.transformers.tokenizer_utils_fast import PretrainedTokenizerFast
 from paddlenlp.utils.log import logger
 
+from paddle_alignment.chat_template import compile_chat_template, template_source
 from paddle_alignment.models.fused_kernels import use_fused_kernels
 from paddle_alignment.models.checkpoint_config import from_paddle_folder
 from paddle_alignment.models.families import CAUSAL_LM_CLASSES
@@ -139,14 +140,26 @@ def pretrained_tokenizer(path):
     newline after each <|im_end|> (special tokens listed as plain strings strip the whitespace around
     them) and splits <tool_call> into bytes. A tokenizer_config.json naming a generic class of transformers
     (GENERIC_FAST_CLASSES) gets paddlenlp's class of that role, which AutoTokenizer does not know by those
-    names. A folder's chat_template.jinja (transformers 5 writes the template there, not into
-    tokenizer_config.json) is the tokenizer's chat template, as transformers reads it."""
+    names. The chat template (the folder's chat_template.jinja, where transformers 5 writes it, else
+    tokenizer_config.json's) is compiled as transformers compiles it (chat_template.py)."""
     tokenizer = tokenizer_from_files(path)
+    source = chat_template_text(path)
+    if source:
+        tokenizer.chat_template = compile_chat_template(source)
+    return tokenizer
+
+
+def chat_template_text(path):
+    """The chat template of the tokenizer folder `path` as text, None when it has none."""
     template = os.path.join(path, CHAT_TEMPLATE_FILE)
     if os.path.isfile(template):
         with open(template, encoding="utf-8") as f:
-            tokenizer.init_chat_template(f.read())
-    return tokenizer
+            return f.read()
+    config_file = os.path.join(path, "tokenizer_config.json")
+    if not os.path.isfile(config_file):
+        return None
+    with open(config_file, encoding="utf-8") as f:
+        return template_source(json.load(f))
 
 
 def tokenizer_from_files(path):

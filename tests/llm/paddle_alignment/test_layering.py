@@ -20,7 +20,7 @@ LIBRARY = os.path.join(REPO_ROOT, "llm", "paddle_alignment")
 # The library's floors from the ground up, each a set of its packages and top-level modules: a module imports
 # only from its own floor or below. "" is the package itself (its __init__).
 FLOORS = (
-    {"", "watchdog", "cpu_runtime", "custom_ops", "chat_format", "deadline_workers", "experience", "tokens", "algos"},
+    {"", "watchdog", "cpu_runtime", "custom_ops", "chat_format", "chat_template", "deadline_workers", "experience", "tokens", "algos"},
     {"distributed"},
     {"models", "micro_batches", "fused_optimizer", "group_sharded", "offload", "optimizer_step"},
     {"data"},

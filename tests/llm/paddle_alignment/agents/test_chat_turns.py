@@ -10,6 +10,7 @@ import pytest
 from llm.tools.build_real_tokenizer import build_real_tokenizer
 from llm.tools.build_tokenizer import build_tokenizer
 from paddle_alignment.agents.chat_turns import TemplateError, observation_ids
+from paddle_alignment.chat_template import compile_chat_template
 from paddle_alignment.models.loading import load_tokenizer
 
 # One turn of role `tool` per answer (the layout of many templates other than Qwen2.5's).
@@ -55,7 +56,7 @@ def test_the_separator_after_the_end_of_turn_token_is_part_of_the_observation(to
 @contextmanager
 def chat_template(tokenizer, template):
     original = tokenizer.chat_template
-    tokenizer.init_chat_template(template)
+    tokenizer.chat_template = compile_chat_template(template)
     try:
         yield
     finally:
@@ -84,7 +85,7 @@ def test_a_template_with_one_turn_per_tool_answer_gets_one_turn_per_answer(token
 def test_a_template_that_rewrites_the_history_is_refused(tokenizer):
     # Renders the last message only: an observation replaces the conversation instead of following it.
     with chat_template(tokenizer, "{{ '<|im_start|>' + messages[-1]['role'] + '\\n' + messages[-1]['content'] + '<|im_end|>\\n' }}"):
-        with pytest.raises(TemplateError, match="does not render a 'tool' turn by appending it"):
+        with pytest.raises(TemplateError, match="does not render a 'tool' turn after an assistant turn's end"):
             observation_ids(tokenizer, ["1"])
 
 

@@ -5,7 +5,7 @@
 
 The result loads as a real checkpoint of that family does: `--layout paddle` (the default) with paddlenlp's
 `save_pretrained`, `--layout hf` as transformers writes it (models/hf_layout.py). Families: qwen2 (the tiny
-demo's), llama, qwen3 (heads of their own size, q/k norms).
+demo's), llama, qwen3 (heads of their own size, q/k norms), ernie4_5 (heads of their own size, interleaved RoPE).
 """
 
 import argparse
@@ -13,6 +13,7 @@ import argparse
 import paddle
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from paddle_alignment.models.ernie4_5 import Ernie4_5Config, Ernie4_5ForCausalLM
 from paddle_alignment.models.hf_layout import save_hf_folder
 from paddle_alignment.models.loading import pretrained_tokenizer
 from paddle_alignment.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
@@ -22,6 +23,7 @@ FAMILIES = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"tie_word_embeddings": True}),
     "llama": (LlamaConfig, LlamaForCausalLM, {"tie_word_embeddings": False}),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"tie_word_embeddings": True, "head_dim": "wide"}),
+    "ernie4_5": (Ernie4_5Config, Ernie4_5ForCausalLM, {"tie_word_embeddings": True, "head_dim": "wide"}),
 }
 LAYOUTS = ("paddle", "hf")
 
@@ -34,7 +36,7 @@ def build_tiny_model(tokenizer_dir, output_dir, hidden_size=128, num_layers=4, n
         raise ValueError(f"family must be one of {sorted(FAMILIES)} and layout one of {LAYOUTS}, got {family!r}, {layout!r}")
     config_class, model_class, fields = FAMILIES[family]
     fields = dict(fields)
-    if fields.get("head_dim") == "wide":  # heads wider than hidden_size / num_heads, as Qwen3's are
+    if fields.get("head_dim") == "wide":  # heads wider than hidden_size / num_heads, as Qwen3's and ERNIE 4.5's are
         fields["head_dim"] = 2 * hidden_size // num_heads
     tokenizer = pretrained_tokenizer(tokenizer_dir)
     config = config_class(

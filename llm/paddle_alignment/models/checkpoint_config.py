@@ -11,6 +11,7 @@ could reach.
 
 import json
 import os
+from contextlib import contextmanager
 
 from paddlenlp.transformers import AutoConfig
 
@@ -48,11 +49,51 @@ def config_class(folder):
     return CONFIG_CLASSES.get(model_type, AutoConfig)
 
 
+SCORE_HEAD = "score_head"
+
+
+def fresh_parts(model):
+    """Name prefixes of the parameters a folder may lack: a score model's head and normalizer, which a causal LM's
+    folder gives no tensor (they start fresh)."""
+    return (f"{SCORE_HEAD}.", "normalizer.") if hasattr(model, SCORE_HEAD) else ()
+
+
 def from_paddle_folder(folder, class_for_config, options):
     """The model `class_for_config(config)` of a Paddle-layout `folder` by paddlenlp's loader, its config read by
-    read_config and its RoPE tables as transformers computes them."""
+    read_config and its RoPE tables as transformers computes them. A parameter the folder has no tensor for is a
+    ValueError naming it, where paddlenlp would initialise it at random and warn (one of another shape it refuses
+    itself)."""
     config, model_kwargs = read_config(folder, options)
-    return use_rope_tables(class_for_config(config).from_pretrained(folder, config=config, **model_kwargs))
+    model_class = class_for_config(config)
+    with every_weight_loaded(model_class, folder):
+        model = model_class.from_pretrained(folder, config=config, **model_kwargs)
+    return use_rope_tables(model)
+
+
+@contextmanager
+def every_weight_loaded(model_class, folder):
+    """paddlenlp's `_load_pretrained_model` of `model_class`, meanwhile raising when it leaves a parameter
+    unloaded but for a score model's fresh parts."""
+    load = model_class._load_pretrained_model.__func__
+    inherited = "_load_pretrained_model" not in model_class.__dict__
+
+    def checked(cls, *args, **kwargs):
+        model, missing, unexpected, mismatched = load(cls, *args, **kwargs)
+        unloaded = [name for name in missing if not name.startswith(fresh_parts(model))]
+        if unloaded:
+            raise ValueError(f"{folder} has no tensor for {unloaded[:8]}{' ...' if len(unloaded) > 8 else ''} "
+                             f"({len(unloaded)} in all) of {model_class.__name__}: a checkpoint of another model, or "
+                             "with other parameter names")
+        return model, missing, unexpected, mismatched
+
+    model_class._load_pretrained_model = classmethod(checked)
+    try:
+        yield
+    finally:
+        if inherited:
+            del model_class._load_pretrained_model
+        else:
+            model_class._load_pretrained_model = classmethod(load)
 
 
 def refuse_unsupported(config):

@@ -23,7 +23,7 @@ from paddlenlp.utils.log import logger
 from safetensors import safe_open
 from safetensors.paddle import save_file
 
-from paddle_alignment.models.checkpoint_config import read_config
+from paddle_alignment.models.checkpoint_config import SCORE_HEAD, fresh_parts, read_config
 from paddle_alignment.models.rope import use_rope_tables
 
 SAFE_WEIGHTS = "model.safetensors"
@@ -31,18 +31,20 @@ SAFE_INDEX = "model.safetensors.index.json"
 PADDLE_WEIGHTS = ("model_state.pdparams", "model_state.pdparams.index.json")
 TORCH_PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size
-HF_BACKBONE, HF_SCORE, SCORE_HEAD = "model", "score", "score_head"
+HF_BACKBONE, HF_SCORE = "model", "score"
 # Tensors a folder may hold that no Paddle model has (older transformers saved the rotary inverse frequencies).
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
-# Keys of transformers' Qwen2/Llama configs, written on export when the Paddle config has them.
+# Keys of transformers' configs of the families (models/families.py), written on export when the Paddle config has them.
 HF_CONFIG_KEYS = (
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "initializer_range",
     "rms_norm_eps", "tie_word_embeddings", "rope_theta", "rope_scaling", "attention_dropout",
     "attention_bias", "mlp_bias", "use_sliding_window", "sliding_window", "max_window_layers",
-    "bos_token_id", "eos_token_id",
+    "bos_token_id", "eos_token_id", "use_bias",
 )
-HF_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+HF_ARCHITECTURES = {
+    "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
+}
 # Their fused projections have no one-to-one tensor in the folder.
 FUSED_LAYOUT_FLAGS = ("fuse_attention_qkv", "fuse_attention_ffn")
 
@@ -168,11 +170,6 @@ def by_file(index):
     return sorted(files.items())
 
 
-def fresh_parts(model):
-    """Name prefixes of the parameters a folder may lack: a score model's head and normalizer."""
-    return (f"{SCORE_HEAD}.", "normalizer.") if hasattr(model, SCORE_HEAD) else ()
-
-
 def hf_tensors(state, prefix, tied_embeddings):
     """A Paddle state dict under Hugging Face's names and layout (a tied LM head is the embedding, not saved)."""
     tensors = {}
@@ -214,7 +211,7 @@ def write_shard(tensors, path):
 
 
 def hf_config(config, dtype):
-    """config.json as transformers writes it for this Qwen2/Llama causal LM."""
+    """config.json as transformers writes it for this causal LM."""
     if config.model_type not in HF_ARCHITECTURES:
         raise ValueError(f"no Hugging Face layout known for model_type {config.model_type!r}; known: {sorted(HF_ARCHITECTURES)}")
     keys = {key: getattr(config, key) for key in HF_CONFIG_KEYS if hasattr(config, key)}
@@ -228,7 +225,7 @@ def generation_config(tokenizer, config):
 
 
 def save_hf_folder(model, folder, tokenizer, state=None, shard_bytes=SHARD_BYTES):
-    """`model` (a Qwen2/Llama causal LM; `state`: its whole weights when they are not `model.state_dict()`,
+    """`model` (a causal LM of a family the loaders take; `state`: its whole weights when they are not `model.state_dict()`,
     such as LoRA-merged or gathered from tensor-parallel ranks) written to `folder` in Hugging Face's
     layout with `tokenizer`, for transformers, vLLM and this project's loader."""
     save_hf_weights(model, folder, state, shard_bytes)

@@ -28,6 +28,7 @@ from paddlenlp.transformers.model_outputs import ModelOutput
 
 from paddle_alignment.algos.token_stats import end_positions, position_ids_from_mask
 from paddle_alignment.models.checkpoint_config import from_paddle_folder
+from paddle_alignment.models.ernie4_5 import Ernie4_5Config, Ernie4_5Model
 from paddle_alignment.models.qwen3 import Qwen3Config, Qwen3Model
 from paddle_alignment.models.score_model_utils import IdentityNormalizer, build_normalizer
 
@@ -136,7 +137,12 @@ class Qwen3ForScore(ScoreModelMixin, Qwen2PretrainedModel):
     backbone_class = Qwen3Model
 
 
-SCORE_MODEL_CLASSES = {"qwen2": Qwen2ForScore, "llama": LlamaForScore, "qwen3": Qwen3ForScore}
+class Ernie4_5ForScore(ScoreModelMixin, LlamaPretrainedModel):
+    config_class = Ernie4_5Config
+    backbone_class = Ernie4_5Model
+
+
+SCORE_MODEL_CLASSES = {"qwen2": Qwen2ForScore, "llama": LlamaForScore, "qwen3": Qwen3ForScore, "ernie4_5": Ernie4_5ForScore}
 
 
 class AutoModelForScore:

@@ -3,7 +3,7 @@ them, for the tests that load such folders here (tests/llm/paddle_alignment/mode
 
     /path/to/a/python/with/transformers5/and/torch tests/data/transformers5/make_folders.py
 
-Each family's weights (random, seeded; 2 layers, heads of 16, or 24 for Qwen3) are saved once by `save_pretrained` into
+Each family's weights (random, seeded; 2 layers, heads of 16, or 24 for Qwen3 and ERNIE 4.5) are saved once by `save_pretrained` into
 `<family>/`; each case is a config.json as the case's writer spells it (transformers 5's `rope_parameters`, or
 the `rope_scaling` block that transformers 4 users paste in) and `logits.npy`: what transformers computes from
 the family's weights under that config for INPUT_IDS at POSITIONS, far past the original context where the
@@ -33,6 +33,10 @@ FAMILIES = {
     # Heads of 24 where hidden_size / heads is 16: Qwen3's head_dim is a field of its own (128 in every size).
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
               dict(tie_word_embeddings=True, max_position_embeddings=40960, rms_norm_eps=1e-6, head_dim=24)),
+    # ERNIE 4.5: interleaved RoPE, heads of their own size; biases on every projection (use_bias; none in the
+    # released 0.3B, whose path is the same without them).
+    "ernie4_5": (transformers.Ernie4_5Config, transformers.Ernie4_5ForCausalLM,
+                 dict(tie_word_embeddings=True, max_position_embeddings=131072, rms_norm_eps=1e-5, head_dim=24, use_bias=True)),
 }
 LLAMA3_1 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 # name: (family, the config.json fields of the case; "_v4": spelled as transformers 4 wrote them)
@@ -45,6 +49,7 @@ CASES = {
     "qwen2_yarn_v4": ("qwen2", {"rope_theta": 1e6, "max_position_embeddings": 131072,
                                 "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}),
     "qwen3_default": ("qwen3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
+    "ernie4_5_default": ("ernie4_5", {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}),
     "llama3_1": ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, **LLAMA3_1}}),
     "llama3_1_v4": ("llama", {"rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", **LLAMA3_1}}),
     "llama_linear": ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}}),

@@ -55,3 +55,18 @@ def test_a_tokenizer_folder_written_by_transformers_5_encodes_and_renders_chats_
     rendered = new.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     assert rendered == old.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     assert (new.eos_token, new.pad_token) == (old.eos_token, old.pad_token)
+
+
+def test_a_paddle_folder_without_every_weight_stops_at_load_naming_them(tiny_world, tmp_path):
+    """paddlenlp's loader would initialise what the folder lacks at random and only warn."""
+    from paddle_alignment.models.loading import load_score_model, pretrained_causal_lm
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_world["random_model"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    with pytest.raises(ValueError, match=r"has no tensor for \['qwen2.layers.2."):
+        pretrained_causal_lm(str(folder))
+    # A causal LM's folder gives a score model its backbone; only the head and normalizer start fresh.
+    score = load_score_model(tiny_world["random_model"], SimpleNamespace(fp16_opt_level="O1", bf16=False, fp16=False, tensor_parallel_degree=1, device="cpu"), score_type="reward")
+    assert type(score).__name__ == "Qwen2ForScore"

@@ -5,25 +5,36 @@
 
 The result loads as a real checkpoint of that family does: `--layout paddle` (the default) with paddlenlp's
 `save_pretrained`, `--layout hf` as transformers writes it (models/hf_layout.py). Families: qwen2 (the tiny
-demo's), llama, qwen3 (heads of their own size, q/k norms), ernie4_5 (heads of their own size, interleaved RoPE).
+demo's), llama, qwen3 (heads of their own size, q/k norms), ernie4_5 (heads of their own size, interleaved RoPE), qwen2_moe (4 experts, 2 per token, a shared expert).
 """
 
 import argparse
 
 import paddle
-from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig
 
 from paddle_alignment.models.ernie4_5 import Ernie4_5Config, Ernie4_5ForCausalLM
 from paddle_alignment.models.hf_layout import save_hf_folder
 from paddle_alignment.models.loading import pretrained_tokenizer
+from paddle_alignment.models.qwen2_moe import Qwen2MoeForCausalLM
 from paddle_alignment.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
 
-# family: (config class, model class, fields beyond the shared ones)
+
+
+def wide_heads(hidden_size, num_heads):
+    return 2 * hidden_size // num_heads  # heads wider than hidden_size / num_heads, as Qwen3's and ERNIE 4.5's are
+
+
+# family: (config class, model class, fields beyond the shared ones: a value or a function of (hidden, heads))
 FAMILIES = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"tie_word_embeddings": True}),
     "llama": (LlamaConfig, LlamaForCausalLM, {"tie_word_embeddings": False}),
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"tie_word_embeddings": True, "head_dim": "wide"}),
-    "ernie4_5": (Ernie4_5Config, Ernie4_5ForCausalLM, {"tie_word_embeddings": True, "head_dim": "wide"}),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"tie_word_embeddings": True, "head_dim": wide_heads}),
+    "ernie4_5": (Ernie4_5Config, Ernie4_5ForCausalLM, {"tie_word_embeddings": True, "head_dim": wide_heads}),
+    "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM, {
+        "tie_word_embeddings": False, "num_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": lambda hidden, heads: hidden, "shared_expert_intermediate_size": lambda hidden, heads: 2 * hidden,
+    }),
 }
 LAYOUTS = ("paddle", "hf")
 
@@ -35,9 +46,7 @@ def build_tiny_model(tokenizer_dir, output_dir, hidden_size=128, num_layers=4, n
     if family not in FAMILIES or layout not in LAYOUTS:
         raise ValueError(f"family must be one of {sorted(FAMILIES)} and layout one of {LAYOUTS}, got {family!r}, {layout!r}")
     config_class, model_class, fields = FAMILIES[family]
-    fields = dict(fields)
-    if fields.get("head_dim") == "wide":  # heads wider than hidden_size / num_heads, as Qwen3's and ERNIE 4.5's are
-        fields["head_dim"] = 2 * hidden_size // num_heads
+    fields = {key: value(hidden_size, num_heads) if callable(value) else value for key, value in fields.items()}
     tokenizer = pretrained_tokenizer(tokenizer_dir)
     config = config_class(
         vocab_size=len(tokenizer),

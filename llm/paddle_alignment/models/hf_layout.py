@@ -40,10 +40,12 @@ HF_CONFIG_KEYS = (
     "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "initializer_range",
     "rms_norm_eps", "tie_word_embeddings", "rope_theta", "rope_scaling", "attention_dropout",
     "attention_bias", "mlp_bias", "use_sliding_window", "sliding_window", "max_window_layers",
-    "bos_token_id", "eos_token_id", "use_bias",
+    "bos_token_id", "eos_token_id", "use_bias", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob", "router_aux_loss_coef",
 )
 HF_ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
 }
 # Their fused projections have no one-to-one tensor in the folder.
 FUSED_LAYOUT_FLAGS = ("fuse_attention_qkv", "fuse_attention_ffn")

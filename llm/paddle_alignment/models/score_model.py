@@ -25,10 +25,12 @@ from paddlenlp.transformers import (
     Qwen2PretrainedModel,
 )
 from paddlenlp.transformers.model_outputs import ModelOutput
+from paddlenlp.transformers.qwen2_moe.modeling import Qwen2MoePretrainedModel
 
 from paddle_alignment.algos.token_stats import end_positions, position_ids_from_mask
 from paddle_alignment.models.checkpoint_config import from_paddle_folder
 from paddle_alignment.models.ernie4_5 import Ernie4_5Config, Ernie4_5Model
+from paddle_alignment.models.qwen2_moe import Qwen2MoeModel
 from paddle_alignment.models.qwen3 import Qwen3Config, Qwen3Model
 from paddle_alignment.models.score_model_utils import IdentityNormalizer, build_normalizer
 
@@ -142,7 +144,14 @@ class Ernie4_5ForScore(ScoreModelMixin, LlamaPretrainedModel):
     backbone_class = Ernie4_5Model
 
 
-SCORE_MODEL_CLASSES = {"qwen2": Qwen2ForScore, "llama": LlamaForScore, "qwen3": Qwen3ForScore, "ernie4_5": Ernie4_5ForScore}
+class Qwen2MoeForScore(ScoreModelMixin, Qwen2MoePretrainedModel):
+    backbone_class = Qwen2MoeModel
+
+
+SCORE_MODEL_CLASSES = {
+    "qwen2": Qwen2ForScore, "llama": LlamaForScore, "qwen3": Qwen3ForScore, "ernie4_5": Ernie4_5ForScore,
+    "qwen2_moe": Qwen2MoeForScore,
+}
 
 
 class AutoModelForScore:

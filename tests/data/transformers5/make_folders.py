@@ -37,6 +37,11 @@ FAMILIES = {
     # released 0.3B, whose path is the same without them).
     "ernie4_5": (transformers.Ernie4_5Config, transformers.Ernie4_5ForCausalLM,
                  dict(tie_word_embeddings=True, max_position_embeddings=131072, rms_norm_eps=1e-5, head_dim=24, use_bias=True)),
+    # Qwen2-MoE as Qwen2-57B-A14B is laid out: every layer sparse, a shared expert, no renormalised top-k.
+    "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM,
+                  dict(tie_word_embeddings=False, max_position_embeddings=32768, rms_norm_eps=1e-6, num_experts=4,
+                       num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+                       decoder_sparse_step=1, norm_topk_prob=False)),
 }
 LLAMA3_1 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 # name: (family, the config.json fields of the case; "_v4": spelled as transformers 4 wrote them)
@@ -50,6 +55,7 @@ CASES = {
                                 "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}),
     "qwen3_default": ("qwen3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
     "ernie4_5_default": ("ernie4_5", {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}),
+    "qwen2_moe_default": ("qwen2_moe", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
     "llama3_1": ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, **LLAMA3_1}}),
     "llama3_1_v4": ("llama", {"rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", **LLAMA3_1}}),
     "llama_linear": ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}}),

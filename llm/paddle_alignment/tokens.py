@@ -1,5 +1,5 @@
 """Token lists to tensors and back, the two conversions every stage that samples shares (the decode loop,
-multi-turn trajectories, the LLM judge)."""
+multi-turn trajectories, the LLM judge), and the ids a response ends at."""
 
 import paddle
 
@@ -21,3 +21,15 @@ def decode_responses(tokenizer, rows):
     special = set(tokenizer.all_special_ids)
     kept = [[token for token in row if token not in special] for row in rows]
     return tokenizer.batch_decode(kept, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def end_ids(tokenizer):
+    """The ids a sampled response ends at: the tokenizer's EOS first, then the other end ids of the model folder's
+    generation_config.json (load_tokenizer sets them: Llama 3.1 Instruct ends at <|eot_id|>, <|eom_id|> and
+    <|end_of_text|>, Qwen2.5 at <|im_end|> and <|endoftext|>)."""
+    return getattr(tokenizer, "end_token_ids", None) or [tokenizer.eos_token_id]
+
+
+def through_first_end(ids, ends):
+    """How many of the token list `ids` run up to and including its first id of `ends` (all of them without one)."""
+    return next((position + 1 for position, token in enumerate(ids) if token in ends), len(ids))

@@ -104,7 +104,10 @@ def build_real_model(name, output_dir, num_layers=None, layout="hf", dtype="bflo
         model.save_pretrained(output_dir)
     # The Instruct models' generation settings, as the hub ships them.
     sampling = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
-    write_json({**generation_config(tokenizer, config), **sampling}, os.path.join(output_dir, "generation_config.json"))
+    generation = generation_config(tokenizer, config)
+    if isinstance(config.eos_token_id, list):  # Llama 3's Instruct models end at each of these
+        generation["eos_token_id"] = config.eos_token_id
+    write_json({**generation, **sampling}, os.path.join(output_dir, "generation_config.json"))
     return model
 
 

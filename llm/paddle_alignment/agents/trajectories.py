@@ -29,7 +29,7 @@ from paddle_alignment.agents.chat_turns import observation_ids
 from paddle_alignment.agents.environments import EnvironmentStep
 from paddle_alignment.agents.tools import ToolCallError, ToolResult, parse_tool_calls
 from paddle_alignment.experience import Experience
-from paddle_alignment.tokens import decode_responses, left_pad
+from paddle_alignment.tokens import decode_responses, end_ids, left_pad, through_first_end
 
 TURN_STATS = (
     "turns", "tool_calls", "tool_errors", "tool_timeouts", "observations_cut", "truncated", "observation_tokens",
@@ -105,11 +105,11 @@ def turn_seed(seed, turn):
     return (seed * 1_000_003 + turn) % (2**31 - 1)
 
 
-def first_turn_ids(row, eos_id, budget):
-    """A row's sampled ids up to and including its first EOS, at most `budget`: (ids, their count)."""
+def first_turn_ids(row, ends, budget):
+    """A row's sampled ids up to and including its first end id (of `ends`), at most `budget`: (ids, their count)."""
     ids = row.tolist()
-    end = ids.index(eos_id) + 1 if eos_id in ids else len(ids)
-    return ids[: min(end, budget)], min(end, budget)
+    end = min(through_first_end(ids, ends), budget)
+    return ids[:end], end
 
 
 def cut_observation(tokenizer, text, limit):
@@ -212,7 +212,7 @@ def run_turns(sample, tokenizer, trajectories, sampling, replies, settings, seed
     `sample(histories, caches, sampling, seed)` decodes one turn of the token lists `histories` from their
     carried caches (None each on the first turn): (response ids [A, R], their log-probs [A, R] or None, each
     row's cache after the turn or None)."""
-    eos, budget = tokenizer.eos_token_id, sampling.max_dec_len
+    eos, ends, budget = tokenizer.eos_token_id, end_ids(tokenizer), sampling.max_dec_len
     recorded = True
     for turn in range(settings.max_turns):
         running = [t for t in trajectories if not t.done]
@@ -227,12 +227,15 @@ def run_turns(sample, tokenizer, trajectories, sampling, replies, settings, seed
         answered = []
         for row, (trajectory, left) in enumerate(zip(running, room)):
             trajectory.cache = caches[row] if caches else None
-            ids, count = first_turn_ids(response_ids[row], eos, left)
+            ids, count = first_turn_ids(response_ids[row], ends, left)
             trajectory.add_turn(ids, logprobs[row, :count].tolist() if logprobs is not None else [0.0] * count)
-            if ids[-1:] != [eos]:  # the token budget ended the turn
+            if not ids or ids[-1] not in ends:  # the token budget ended the turn
                 trajectory.stop(truncated=True)
                 continue
             trajectory.finished = True
+            if ids[-1] != eos:  # another end id (Qwen's <|endoftext|>) ends the conversation, not the turn
+                trajectory.stop()
+                continue
             answered.append((trajectory, decode_responses(tokenizer, [ids])[0]))
         last = turn == settings.max_turns - 1
         for (trajectory, _), observations in zip(answered, replies.reply(answered, pool, answerable=not last)):

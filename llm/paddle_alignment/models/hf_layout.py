@@ -25,6 +25,7 @@ from safetensors.paddle import save_file
 
 from paddle_alignment.models.checkpoint_config import SCORE_HEAD, fresh_parts, read_config
 from paddle_alignment.models.rope import use_rope_tables
+from paddle_alignment.tokens import end_ids
 
 SAFE_WEIGHTS = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
@@ -221,8 +222,9 @@ def hf_config(config, dtype):
 
 
 def generation_config(tokenizer, config):
-    """generation_config.json: the ids a response ends at and pads with (Qwen2.5 lists <|im_end|> and <|endoftext|>)."""
-    ends = [tokenizer.eos_token_id] + [tokenizer.pad_token_id] * (tokenizer.pad_token_id not in (None, tokenizer.eos_token_id))
+    """generation_config.json: the ids a response ends at (tokens.end_ids: the EOS and those of the folder the model
+    came from; the pad token too where it differs, as Qwen2.5 lists <|im_end|> and <|endoftext|>) and pads with."""
+    ends = list(dict.fromkeys([*end_ids(tokenizer), *([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else [])]))
     return {"bos_token_id": config.bos_token_id, "eos_token_id": ends, "pad_token_id": tokenizer.pad_token_id}
 
 

@@ -174,7 +174,8 @@ def tokenizer_from_files(path):
 
 
 def load_tokenizer(path, eos_token=""):
-    """The tokenizer at `path`; `eos_token` (PaddleNLP's key) replaces its EOS token when given."""
+    """The tokenizer at `path`; `eos_token` (PaddleNLP's key) replaces its EOS token when given. Its
+    `end_token_ids` (tokens.end_ids) are its EOS and the end ids of the folder's generation_config.json."""
     tokenizer = pretrained_tokenizer(path)
     if eos_token:
         if tokenizer.convert_tokens_to_ids(eos_token) in (None, tokenizer.unk_token_id):
@@ -186,4 +187,15 @@ def load_tokenizer(path, eos_token=""):
         # and response masks end at the first EOS.
         logger.info(f"the tokenizer of {path} has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
         tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.end_token_ids = list(dict.fromkeys([tokenizer.eos_token_id, *generation_end_ids(path)]))
     return tokenizer
+
+
+def generation_end_ids(path):
+    """The `eos_token_id` (one id or a list) of the folder's generation_config.json, as a list; [] without one."""
+    config_file = os.path.join(path, "generation_config.json")
+    if not os.path.isfile(config_file):
+        return []
+    with open(config_file, encoding="utf-8") as f:
+        ids = json.load(f).get("eos_token_id")
+    return [] if ids is None else [ids] if isinstance(ids, int) else list(ids)

@@ -22,7 +22,7 @@ from paddle_alignment.group_sharded import forwards_in_lockstep
 from paddle_alignment.models.decoder_weights import unsupported_reason
 from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
 from paddle_alignment.models.static_cache_decoder import StaticCacheDecoder
-from paddle_alignment.tokens import decode_responses, left_pad
+from paddle_alignment.tokens import decode_responses, end_ids, left_pad, through_first_end
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +73,10 @@ def fast_path_ops(model, use_fast):
     return ops
 
 
-def response_mask_from_tokens(response_ids, eos_token_id):
-    """Mask [B, R] of tokens up to and including the first EOS, and whether each row reached EOS."""
-    is_eos = (response_ids == eos_token_id).astype("int64")
+def response_mask_from_tokens(response_ids, end_token_ids):
+    """Mask [B, R] of tokens up to and including the first end id (`end_token_ids`: one id or a list), and whether
+    each row reached one."""
+    is_eos = paddle.isin(response_ids, paddle.to_tensor(end_token_ids, dtype=response_ids.dtype).reshape([-1])).astype("int64")
     eos_seen_before = paddle.cumsum(is_eos, axis=1) - is_eos
     mask = (eos_seen_before == 0).astype("float32")
     return mask, is_eos.sum(axis=1) > 0
@@ -150,8 +151,8 @@ def decode_with_ops(ops, model, tokenizer, input_ids, prompt_mask, sampling: Sam
         decoder = StaticCacheDecoder.continuing(model, past, prompt_mask, max_dec)
     else:
         decoder = StaticCacheDecoder(model, prompts, prompt_len + max_dec, prompt_mask, carry=carry)
-    cached = CachedRows(decoder, prompt_mask, past, tokenizer.eos_token_id) if carry else None
-    eos_ids = paddle.to_tensor([tokenizer.eos_token_id], dtype="int64")
+    cached = CachedRows(decoder, prompt_mask, past, end_ids(tokenizer)) if carry else None
+    eos_ids = paddle.to_tensor(end_ids(tokenizer), dtype="int64")
     no_banned = paddle.zeros([0], dtype="int64")
     running = RunningRows(rows, sampling, tokenizer.pad_token_id)
     responses = paddle.full([rows, max_dec], tokenizer.pad_token_id, dtype="int64")
@@ -210,20 +211,19 @@ def refuse_unsampled(tokens, running, step):
 class CachedRows:
     """The RowCache of each row of a carrying decode, taken from the decoder when the row leaves the batch."""
 
-    def __init__(self, decoder, prompt_mask, past, eos_id):
-        self.decoder, self.eos_id = decoder, eos_id
+    def __init__(self, decoder, prompt_mask, past, ends):
+        self.decoder, self.ends = decoder, ends
         self.prefix = prompt_mask.astype("int64").sum(axis=1).numpy() + (0 if past is None else [c.length for c in past])
         self.caches = [None] * prompt_mask.shape[0]
 
     def keep(self, running, leaving):
         """Take the caches of the rows of `running` (RunningRows) where `leaving`: the prefix and the sampled
-        tokens up to the first EOS but the last (which was never fed)."""
+        tokens up to the first end id but the last (which was never fed)."""
         positions = np.flatnonzero(leaving.numpy())
         history, row_ids, steps = running.history.numpy(), running.row_ids.numpy(), running.step_idx.numpy()
         counts = []
         for position in positions:
-            tokens = history[position, : steps[position]].tolist()
-            sampled = tokens.index(self.eos_id) + 1 if self.eos_id in tokens else len(tokens)
+            sampled = through_first_end(history[position, : steps[position]].tolist(), self.ends)
             counts.append(int(self.prefix[row_ids[position]]) + sampled - 1)
         for position, cache in zip(positions, self.decoder.row_caches(positions.tolist(), counts)):
             self.caches[row_ids[position]] = cache
@@ -240,6 +240,8 @@ def decode_with_generate(model, tokenizer, input_ids, prompt_mask, sampling: Sam
         top_p=sampling.top_p,
         repetition_penalty=sampling.repetition_penalty,
         top_k=sampling.top_k,
+        # paddlenlp's min-length processor takes one end id: a row that ends at another decodes on, masked after
+        # it (package_rollouts).
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         use_cache=True,
@@ -319,7 +321,7 @@ def greedy_responses(model, tokenizer, items, max_new_tokens, use_fast=True):
 def package_rollouts(tokenizer, items, n, input_ids, prompt_mask, response_ids):
     """The `Experience` of `n` responses per item: left-padded prompts `input_ids` [B, P] with `prompt_mask`,
     and the sampled `response_ids` [B, R] (anything after a row's first EOS is ignored)."""
-    response_mask, finished = response_mask_from_tokens(response_ids, tokenizer.eos_token_id)
+    response_mask, finished = response_mask_from_tokens(response_ids, end_ids(tokenizer))
     # Padding after EOS becomes pad tokens, so decoding never shows what the model emitted past the end.
     response_ids = paddle.where(response_mask > 0, response_ids, paddle.full_like(response_ids, tokenizer.pad_token_id))
     responses = decode_responses(tokenizer, response_ids.numpy().tolist())

@@ -230,3 +230,16 @@ def test_the_log_probs_of_every_turn_equal_a_fresh_forward_over_the_whole_trajec
     np.testing.assert_allclose(exp.rollout_logprobs.numpy() * mask, forward * mask, rtol=1e-5, atol=1e-5)
     # Countdown's rewards 1, 10 and 100 are the scores: there is no other reward source.
     np.testing.assert_allclose(exp.scores.numpy(), [111.0] * 4 * 4)
+
+
+def test_a_turn_that_ends_at_another_end_id_ends_the_conversation(tokenizer, toolbox):
+    """Qwen2.5's generation_config.json ends responses at <|endoftext|> too: such a turn's calls are not run."""
+    end_of_text = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    call = tokenizer.encode('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>', add_special_tokens=False)["input_ids"]
+    tokenizer.end_token_ids = [tokenizer.eos_token_id, end_of_text]
+    try:
+        _, exp, stats, _ = rollout(tokenizer, toolbox, [call + [end_of_text] + [7, 8]], n=1)
+    finally:
+        del tokenizer.end_token_ids
+    assert stats["turns"] == [1] and stats["tool_calls"] == [0] and stats["truncated"] == [0]
+    assert exp.finished.numpy().tolist() == [True] and int(exp.response_mask.sum()) == len(call) + 1

@@ -62,7 +62,7 @@ class PredictorArgument:
     top_p: float = field(default=0.7, metadata={"help": "Nucleus sampling mass."})
     top_k: int = field(default=0, metadata={"help": "Sample among the k likeliest tokens (0: all); top_k 1 with top_p 1 is greedy."})
     repetition_penalty: float = field(default=1.0, metadata={"help": "Penalty on tokens already generated (1: none)."})
-    dtype: Optional[str] = field(default=None, metadata={"help": f"Weights dtype, one of {DTYPES} (default: the checkpoint's)."})
+    dtype: Optional[str] = field(default=None, metadata={"help": f"Weights dtype, one of {DTYPES} (default: the checkpoint's on GPU; float32 on CPU, which has no bfloat16 or float16 matmul)."})
     device: Optional[str] = field(default=None, metadata={"help": "cpu, gpu or gpu:N (default: gpu when Paddle has CUDA, else cpu)."})
     seed: int = field(default=42, metadata={"help": "Seed of sampling, for reproducible outputs."})
 
@@ -172,7 +172,8 @@ def main(argv, stdin=sys.stdin, stdout=sys.stdout):
     args = parse_arguments(argv)
     select_device(args.device)
     paddle.seed(args.seed)
-    model, tokenizer = load_policy(args.model_name_or_path, args.lora_path, args.dtype)
+    dtype = args.dtype or ("float32" if paddle.get_device() == "cpu" else None)
+    model, tokenizer = load_policy(args.model_name_or_path, args.lora_path, dtype)
     if args.chat:
         chat(model, tokenizer, args, stdin, stdout)
     else:

@@ -1,27 +1,29 @@
 """Each model family beyond the tiny world's Qwen2 (Llama, Qwen2-MoE, and Qwen3 and ERNIE 4.5, which the project adds
-to paddlenlp's), through every stage, from a folder in Hugging Face's layout: a tiny random model of the family
-(llm/tools/build_tiny_model.py) with the tiny world's tokenizer and data. SFT, reward-model training, a PPO step with actor, reference, critic and reward model all of the family,
+to paddlenlp's), through every stage, from a folder transformers 5 saved (tests/data/transformers5/pipeline/: a
+random model of the family at the tiny world's vocabulary, in bfloat16) with the tiny world's tokenizer and data. SFT, reward-model training, a PPO step with actor, reference, critic and reward model all of the family,
 a GRPO step with its export, tensor parallel, LoRA, and the predictor. (Logits against transformers' own: models/test_rope.py.)"""
 
 import json
 import os
 import pathlib
+import shutil
 
 import numpy as np
 import paddle
 import pytest
 
-from helpers import RM_CONFIG, SFT_CONFIG, TINY_CONFIG, first_step, logged, small_run_argv
+from helpers import REPO_ROOT, RM_CONFIG, SFT_CONFIG, TINY_CONFIG, first_step, logged, small_run_argv
 from llm import run_finetune
 from llm.alignment.ppo import run_ppo
 from llm.alignment.rm import run_reward
 from llm.predict import predictor
-from llm.tools.build_tiny_model import build_tiny_model
 from paddle_alignment.models.hf_layout import weight_files
 from paddle_alignment.models.loading import load_tokenizer, pretrained_causal_lm
 
 PPO_CONFIG = os.path.join(os.path.dirname(TINY_CONFIG), "ppo_argument.json")
 FAMILIES = ["qwen3", "ernie4_5", "qwen2_moe", "llama"]
+PIPELINE_FOLDERS = os.path.join(REPO_ROOT, "tests", "data", "transformers5", "pipeline")
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def argv(**values):
@@ -30,10 +32,12 @@ def argv(**values):
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_model(request, tiny_world, tmp_path_factory):
-    folder = str(tmp_path_factory.mktemp(request.param) / "model")
-    build_tiny_model(tiny_world["random_model"], folder, hidden_size=64, num_layers=2, family=request.param, layout="hf")
-    assert weight_files(folder)
-    return folder
+    folder = tmp_path_factory.mktemp(request.param) / "model"
+    shutil.copytree(os.path.join(PIPELINE_FOLDERS, request.param), folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy(os.path.join(tiny_world["random_model"], name), folder)
+    assert weight_files(str(folder))
+    return str(folder)
 
 
 def test_sft_and_reward_model_training_start_from_the_family(family_model, tiny_world, tmp_path):
@@ -75,7 +79,7 @@ def test_a_grpo_step_trains_the_family_and_exports_it_for_transformers(family_mo
     exported = tmp_path / "policy_hf"
     assert weight_files(str(exported))
     ids = paddle.to_tensor([[3, 17, 5, 28, 9]])
-    start, trained, saved = (pretrained_causal_lm(path) for path in (family_model, str(tmp_path / "policy"), str(exported)))
+    start, trained, saved = (pretrained_causal_lm(path, dtype="float32") for path in (family_model, str(tmp_path / "policy"), str(exported)))
     with paddle.no_grad():
         logits = [model.eval()(ids)[0].numpy() for model in (start, trained, saved)]
     assert np.abs(logits[1] - logits[0]).max() > 1e-4  # the step changed the policy
@@ -106,14 +110,15 @@ def test_a_lora_actor_of_the_family_trains_its_adapters_and_merges(family_model,
     assert {"lora_config.json", "lora_model_state.pdparams"} <= set(os.listdir(tmp_path / "policy"))
     ids = paddle.to_tensor([[3, 17, 5, 28, 9]])
     with paddle.no_grad():
-        base, merged = (pretrained_causal_lm(path).eval()(ids)[0].numpy() for path in (family_model, str(tmp_path / "policy_merged")))
+        base, merged = (pretrained_causal_lm(path, dtype="float32").eval()(ids)[0].numpy() for path in (family_model, str(tmp_path / "policy_merged")))
     assert np.abs(merged - base).max() > 1e-5
 
 
 def test_the_predictor_decodes_the_family_greedily(family_model, tiny_world, tmp_path):
     output = tmp_path / "out.jsonl"
+    # No --dtype: the bfloat16 folder decodes in float32 on CPU, which has no bfloat16 matmul.
     predictor.main(argv(model_name_or_path=family_model, data_file=tiny_world["eval"], output_file=output,
-                        max_length=6, batch_size=4, dtype="float32"))
+                        max_length=6, batch_size=4))
     tokenizer, model = load_tokenizer(family_model), pretrained_causal_lm(family_model, dtype="float32").eval()
     for row in [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()][:4]:
         ids = tokenizer(row["src"], add_special_tokens=False)["input_ids"]

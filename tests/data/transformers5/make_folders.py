@@ -1,5 +1,6 @@
 """Writes the model folders of tests/data/transformers5 with transformers 5 itself, and the logits it computes on
-them, for the tests that load such folders here (tests/llm/paddle_alignment/models/test_rope.py).
+them, for the tests that load such folders here (tests/llm/paddle_alignment/models/test_rope.py, and
+tests/llm/test_model_families.py for `pipeline/<family>/`).
 
     /path/to/a/python/with/transformers5/and/torch tests/data/transformers5/make_folders.py
 
@@ -63,6 +64,28 @@ CASES = {
 }
 
 
+# Folders for the stages (tests/llm/test_model_families.py): each family at the tiny world's vocabulary (259 ids),
+# 2 layers of 64, in bfloat16 as the hub ships models, as transformers 5 saves it (its own initialisation); the
+# tests add the tiny tokenizer.
+PIPELINE_SHAPE = dict(vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=512, bos_token_id=256, eos_token_id=258, pad_token_id=256)
+PIPELINE_FIELDS = {
+    "llama": dict(tie_word_embeddings=False),
+    "qwen3": dict(tie_word_embeddings=True, head_dim=32),
+    "ernie4_5": dict(tie_word_embeddings=True, head_dim=32),
+    "qwen2_moe": dict(tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                      shared_expert_intermediate_size=128, decoder_sparse_step=1),
+}
+
+
+def save_pipeline_family(name):
+    config_class, model_class, _ = FAMILIES[name]
+    torch.manual_seed(0)
+    folder = os.path.join(HERE, "pipeline", name)
+    shutil.rmtree(folder, ignore_errors=True)
+    model_class(config_class(**PIPELINE_SHAPE, **PIPELINE_FIELDS[name])).to(torch.bfloat16).save_pretrained(folder)
+
+
 def save_family(name):
     config_class, model_class, fields = FAMILIES[name]
     torch.manual_seed(0)
@@ -104,6 +127,8 @@ if __name__ == "__main__":
         save_family(family)
     for case, (family, fields) in CASES.items():
         save_case(case, family, fields)
+    for family in PIPELINE_FIELDS:
+        save_pipeline_family(family)
     with open(os.path.join(HERE, "inputs.json"), "w") as f:
         json.dump({"input_ids": INPUT_IDS, "position_ids": POSITIONS, "transformers": transformers.__version__}, f)
         f.write("\n")

@@ -9,7 +9,8 @@ bandwidth limit; with --trl_python, TRL's GRPOTrainer on the same model, work an
     ... --trl_python /path/to/venv/bin/python                                        # TRL's step beside ours
 
 The model is a random Qwen2.5-0.5B (llm/tools/build_real_model.py: hidden 896, 24 layers, vocabulary
-151,936, tied embeddings, 494M parameters; `--layers 2` cuts it to 166M), float32, written once under
+151,936, tied embeddings, 494M parameters; `--layers 2` cuts it to 166M), or the architecture `--name` gives
+(qwen3-0.6b: its decode loop and no-gradient passes run Paddle's forward), float32, written once under
 --work in Hugging Face's layout, which both trainers load. The prompts are --prompts texts of exactly
 --prompt_tokens tokens (numbers, so that their token count is exact), each sampled --samples times. A
 random model almost never samples EOS, so the responses are --new_tokens long; min_dec_len (TRL:
@@ -61,9 +62,9 @@ def step_peak_rss_gb():
 
 def build_world(args):
     """The model folder and the prompts file under --work (made once, in a subprocess: its memory is not ours)."""
-    model = os.path.join(args.work, f"qwen2.5-0.5b-{args.layers}l")
+    model = os.path.join(args.work, f"{args.name}-{args.layers}l")
     if not os.path.isfile(os.path.join(model, "config.json")):
-        command = [sys.executable, os.path.join(REPO_ROOT, "llm", "tools", "build_real_model.py"), "--name", "qwen2.5-0.5b",
+        command = [sys.executable, os.path.join(REPO_ROOT, "llm", "tools", "build_real_model.py"), "--name", args.name,
                    "--num_layers", str(args.layers), "--dtype", "float32", "--output_dir", model]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     prompts = os.path.join(args.work, f"prompts-{args.prompts}x{args.prompt_tokens}.jsonl")
@@ -315,7 +316,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", required=True, help="folder for the model, prompts and outputs (reused)")
     parser.add_argument("--mode", choices=("step", "decode", "packing"), default="step")
-    parser.add_argument("--layers", type=int, default=24, help="Qwen2.5-0.5B's 24, or fewer")
+    parser.add_argument("--name", default="qwen2.5-0.5b", help="the architecture (llm/tools/build_real_model.py --name)")
+    parser.add_argument("--layers", type=int, default=24, help="Qwen2.5-0.5B's 24, or fewer (Qwen3-0.6B has 28)")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--prompt_tokens", type=int, default=256)

@@ -8,7 +8,8 @@ import paddle
 import pytest
 from paddlenlp.transformers import LlamaConfig, Qwen2Config
 
-from helpers import REPO_ROOT, transformers_python
+from helpers import REPO_ROOT, built_paddlenlp_ops, transformers_python
+from paddle_alignment.models.fused_kernels import FUSED_OPS, PATCHED, use_fused_kernels
 from paddle_alignment.models.checkpoint_config import read_config
 from paddle_alignment.models.hf_layout import save_hf_weights
 from paddle_alignment.models.loading import pretrained_causal_lm
@@ -49,6 +50,14 @@ def test_a_transformers_folder_gives_transformers_logits_in_either_layout(tmp_pa
     assert "rope_parameters" not in saved and saved["rope_theta"] == model.config.rope_theta
     reloaded = pretrained_causal_lm(str(tmp_path / "paddle"))
     np.testing.assert_allclose(logits(reloaded), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["qwen3_default", "ernie4_5_default"])
+def test_the_fused_cpu_kernels_reach_the_project_s_own_attention_layers_unchanged(tmp_path, case):
+    built_paddlenlp_ops(FUSED_OPS)
+    model = pretrained_causal_lm(case_folder(tmp_path, case))
+    assert use_fused_kernels(model) > 0 and all(getattr(layer.self_attn, PATCHED, False) for layer in model.base_model.layers)
+    np.testing.assert_allclose(logits(model), np.load(os.path.join(FOLDERS, case, "logits.npy")), atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -105,20 +105,24 @@ def refuse_unsupported(config):
     for field in ("attention_bias", "mlp_bias"):
         if config.model_type == "llama" and getattr(config, field, False):
             raise ValueError(f"{field} true: the Llama model here has no such biases")
-    if config.model_type == "qwen2_moe":
-        refuse_dense_moe_layers(config)
+    if config.model_type in ("qwen2_moe", "qwen3_moe"):
+        refuse_unsupported_moe(config)
     window, sliding = getattr(config, "sliding_window", None), sliding_layers(config)
     if sliding and (window is None or window < config.max_position_embeddings):
         raise ValueError(f"layer_types / use_sliding_window: sliding-window attention (window {window} on layers "
                          f"{sliding}) is not supported; only full attention is")
 
 
-def refuse_dense_moe_layers(config):
-    """The Qwen2-MoE here (models/qwen2_moe.py) has sparse layers only, q/k/v biases and an LM head of its own, as
-    every released size does."""
+def refuse_unsupported_moe(config):
+    """The Qwen2-MoE and Qwen3-MoE here (models/qwen2_moe.py, qwen3.py) have sparse layers only and no router loss,
+    and Qwen2-MoE q/k/v biases and an LM head of its own, as every released size does."""
     if getattr(config, "decoder_sparse_step", 1) != 1 or getattr(config, "mlp_only_layers", None):
         raise ValueError(f"decoder_sparse_step {config.decoder_sparse_step} / mlp_only_layers "
                          f"{config.mlp_only_layers}: dense layers between the sparse ones are not supported")
+    if getattr(config, "output_router_logits", False):
+        raise ValueError("output_router_logits true: the router's load-balancing loss is not computed here")
+    if config.model_type == "qwen3_moe":
+        return
     if config.tie_word_embeddings:
         raise ValueError("tie_word_embeddings true: the Qwen2-MoE here has an LM head of its own")
     if not getattr(config, "qkv_bias", True):

@@ -46,7 +46,7 @@ HF_CONFIG_KEYS = (
 )
 HF_ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
-    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 # Their fused projections have no one-to-one tensor in the folder.
 FUSED_LAYOUT_FLAGS = ("fuse_attention_qkv", "fuse_attention_ffn")

@@ -6,8 +6,8 @@ which stops under Paddle 3 (an int32/int64 cumsum) and is not the model's math a
 its `num_experts_per_tok` experts of highest router probability (softmax over all experts in float32,
 renormalised over the chosen ones with `norm_topk_prob`), their SwiGLU outputs are summed by those weights, and
 the shared expert is added under its sigmoid gate. Experts run one after another on the tokens routed to them.
-The router's load-balancing loss is not added to the training loss (`output_router_logits` false, as the
-released configs set it). The parameter names are paddlenlp's, which are transformers' (`mlp.gate.weight`,
+The router's load-balancing loss is not computed (`output_router_logits` true is refused at load; the released
+configs set it false). The parameter names are paddlenlp's, which are transformers' (`mlp.gate.weight`,
 `mlp.experts.E.gate_proj.weight`, `mlp.shared_expert...`).
 """
 
@@ -20,16 +20,20 @@ from paddle_alignment.models.layer_swap import add_decoder_layers, without_decod
 
 
 class SparseMoeBlock(nn.Layer):
+    """Qwen2-MoE's sparse block (and Qwen3-MoE's, which has no shared expert: shared_expert_intermediate_size 0)."""
+
     def __init__(self, config):
         super().__init__()
         self.top_k, self.norm_topk_prob = config.num_experts_per_tok, config.norm_topk_prob
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias_attr=False)
         self.experts = nn.LayerList([qwen2_moe_modeling.Qwen2MoeMLP(config) for _ in range(config.num_experts)])
-        self.shared_expert = qwen2_moe_modeling.Qwen2MoeMLP(config, is_shared=True)
-        self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias_attr=False)
+        self.shared_expert = None
+        if getattr(config, "shared_expert_intermediate_size", 0):
+            self.shared_expert = qwen2_moe_modeling.Qwen2MoeMLP(config, is_shared=True)
+            self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias_attr=False)
 
     def forward(self, hidden_states):
-        """hidden_states [..., hidden] -> (the block's output of that shape, router logits [tokens, experts])."""
+        """hidden_states [..., hidden] -> the block's output, of that shape."""
         tokens = hidden_states.reshape([-1, hidden_states.shape[-1]])
         router_logits = self.gate(tokens)
         probabilities = F.softmax(router_logits.astype("float32"), axis=-1)
@@ -45,8 +49,9 @@ class SparseMoeBlock(nn.Layer):
             rows, slots = pairs[:, 0], pairs[:, 1]
             routed = expert(paddle.gather(tokens, rows)) * weights[rows, slots].unsqueeze(-1)
             output = paddle.index_add(output, rows, 0, routed)
-        shared = F.sigmoid(self.shared_expert_gate(tokens)) * self.shared_expert(tokens)
-        return (output + shared).reshape(hidden_states.shape), router_logits
+        if self.shared_expert is not None:
+            output = output + F.sigmoid(self.shared_expert_gate(tokens)) * self.shared_expert(tokens)
+        return output.reshape(hidden_states.shape)
 
 
 class Qwen2MoeDecoderLayer(qwen2_moe_modeling.Qwen2MoeDecoderLayer):

@@ -31,7 +31,7 @@ from paddle_alignment.algos.token_stats import end_positions, position_ids_from_
 from paddle_alignment.models.checkpoint_config import from_paddle_folder
 from paddle_alignment.models.ernie4_5 import Ernie4_5Config, Ernie4_5Model
 from paddle_alignment.models.qwen2_moe import Qwen2MoeModel
-from paddle_alignment.models.qwen3 import Qwen3Config, Qwen3Model
+from paddle_alignment.models.qwen3 import Qwen3Config, Qwen3Model, Qwen3MoeConfig, Qwen3MoeModel
 from paddle_alignment.models.score_model_utils import IdentityNormalizer, build_normalizer
 
 SCORE_CONFIG_DEFAULTS = {
@@ -148,9 +148,14 @@ class Qwen2MoeForScore(ScoreModelMixin, Qwen2MoePretrainedModel):
     backbone_class = Qwen2MoeModel
 
 
+class Qwen3MoeForScore(ScoreModelMixin, Qwen2PretrainedModel):
+    config_class = Qwen3MoeConfig
+    backbone_class = Qwen3MoeModel
+
+
 SCORE_MODEL_CLASSES = {
     "qwen2": Qwen2ForScore, "llama": LlamaForScore, "qwen3": Qwen3ForScore, "ernie4_5": Ernie4_5ForScore,
-    "qwen2_moe": Qwen2MoeForScore,
+    "qwen2_moe": Qwen2MoeForScore, "qwen3_moe": Qwen3MoeForScore,
 }
 
 

@@ -43,6 +43,12 @@ FAMILIES = {
                   dict(tie_word_embeddings=False, max_position_embeddings=32768, rms_norm_eps=1e-6, num_experts=4,
                        num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
                        decoder_sparse_step=1, norm_topk_prob=False)),
+    # Qwen3-MoE as Qwen3-30B-A3B is laid out: Qwen3's attention, every layer sparse, no shared expert, top-k
+    # renormalised.
+    "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
+                  dict(tie_word_embeddings=False, max_position_embeddings=40960, rms_norm_eps=1e-6, head_dim=24,
+                       num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, decoder_sparse_step=1,
+                       norm_topk_prob=True)),
 }
 LLAMA3_1 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 # name: (family, the config.json fields of the case; "_v4": spelled as transformers 4 wrote them)
@@ -57,6 +63,7 @@ CASES = {
     "qwen3_default": ("qwen3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
     "ernie4_5_default": ("ernie4_5", {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}),
     "qwen2_moe_default": ("qwen2_moe", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
+    "qwen3_moe_default": ("qwen3_moe", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
     "llama3_1": ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, **LLAMA3_1}}),
     "llama3_1_v4": ("llama", {"rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", **LLAMA3_1}}),
     "llama_linear": ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}}),
@@ -75,6 +82,8 @@ PIPELINE_FIELDS = {
     "ernie4_5": dict(tie_word_embeddings=True, head_dim=32),
     "qwen2_moe": dict(tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
                       shared_expert_intermediate_size=128, decoder_sparse_step=1),
+    "qwen3_moe": dict(tie_word_embeddings=False, head_dim=32, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=64, decoder_sparse_step=1),
 }
 
 

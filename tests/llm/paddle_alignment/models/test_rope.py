@@ -21,7 +21,7 @@ INPUTS = json.load(open(os.path.join(FOLDERS, "inputs.json")))
 CASES = {
     "qwen2_default": "qwen2", "qwen2_yarn": "qwen2", "qwen2_yarn_v4": "qwen2", "llama3_1": "llama",
     "llama3_1_v4": "llama", "llama_linear": "llama", "llama_dynamic": "llama", "qwen3_default": "qwen3",
-    "ernie4_5_default": "ernie4_5", "qwen2_moe_default": "qwen2_moe",
+    "ernie4_5_default": "ernie4_5", "qwen2_moe_default": "qwen2_moe", "qwen3_moe_default": "qwen3_moe",
 }
 
 
@@ -109,7 +109,7 @@ def test_a_rope_setting_that_cannot_be_honoured_is_refused_naming_it(fields, nam
         ({"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 64}, r"sliding-window attention \(window 64 on layers \[1\]\)"),
         ({"layer_types": ["full_attention", "chunked_attention"]}, "layer_types \\['chunked_attention'\\]"),
         ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "config.json: rope_parameters: RoPE type 'longrope'"),
-        ({"model_type": "mistral"}, r"config.json: model_type 'mistral' is not supported; supported: \['ernie4_5', 'llama', 'qwen2', 'qwen2_moe', 'qwen3'\]"),
+        ({"model_type": "mistral"}, r"config.json: model_type 'mistral' is not supported; supported: \['ernie4_5', 'llama', 'qwen2', 'qwen2_moe', 'qwen3', 'qwen3_moe'\]"),
     ],
 )
 def test_a_folder_whose_math_the_models_lack_stops_at_load_naming_the_field(tmp_path, fields, named):
@@ -153,7 +153,7 @@ def test_every_layer_of_a_model_reads_one_table():
     assert len(tables) == 1
 
 
-@pytest.mark.parametrize("case", ["qwen2_yarn", "llama3_1", "qwen3_default", "ernie4_5_default", "qwen2_moe_default"])
+@pytest.mark.parametrize("case", ["qwen2_yarn", "llama3_1", "qwen3_default", "ernie4_5_default", "qwen2_moe_default", "qwen3_moe_default"])
 def test_an_exported_folder_keeps_the_rope_settings_for_us_and_for_transformers(tmp_path, case):
     expected = np.load(os.path.join(FOLDERS, case, "logits.npy"))
     exported = str(tmp_path / "exported")

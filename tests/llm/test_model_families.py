@@ -1,7 +1,8 @@
-"""Each model family beyond the tiny world's Qwen2 (Llama, Qwen2-MoE, and Qwen3, Qwen3-MoE and ERNIE 4.5, which the
-project adds to paddlenlp's), through every stage, from a folder transformers 5 saved (tests/data/transformers5/pipeline/: a
-random model of the family at the tiny world's vocabulary, in bfloat16) with the tiny world's tokenizer and data. SFT, reward-model training, a PPO step with actor, reference, critic and reward model all of the family,
-a GRPO step with its export, tensor parallel, LoRA, and the predictor. (Logits against transformers' own: models/test_rope.py.)"""
+"""Each model family (Qwen2, Llama, Qwen2-MoE, and Qwen3, Qwen3-MoE and ERNIE 4.5, which the project adds to
+paddlenlp's) through every stage, from a folder transformers 5 saved (tests/data/transformers5/pipeline/: a random
+model of the family at the tiny world's vocabulary, in bfloat16) with the tiny world's tokenizer and data: SFT,
+reward-model training, a PPO step with actor, reference, critic and reward model all of the family, a GRPO step
+with its export, tensor parallel, LoRA, and the predictor. (Logits against transformers' own: models/test_rope.py.)"""
 
 import json
 import os
@@ -21,7 +22,7 @@ from paddle_alignment.models.hf_layout import weight_files
 from paddle_alignment.models.loading import load_tokenizer, pretrained_causal_lm
 
 PPO_CONFIG = os.path.join(os.path.dirname(TINY_CONFIG), "ppo_argument.json")
-FAMILIES = ["qwen3", "qwen3_moe", "ernie4_5", "qwen2_moe", "llama"]
+FAMILIES = ["qwen2", "llama", "qwen3", "qwen3_moe", "ernie4_5", "qwen2_moe"]
 PIPELINE_FOLDERS = os.path.join(REPO_ROOT, "tests", "data", "transformers5", "pipeline")
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
 

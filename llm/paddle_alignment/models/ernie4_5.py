@@ -27,7 +27,7 @@ class Ernie4_5Config(LlamaConfig):
         kwargs.setdefault("rope_theta", 500000.0)
         kwargs.setdefault("tie_word_embeddings", True)
         super().__init__(**kwargs)
-        self.head_dim = head_dim or self.hidden_size // self.num_attention_heads
+        self.head_dim = head_dim or self.hidden_size // self.num_attention_heads  # null: as transformers reads it
         self.use_bias = use_bias
 
 

@@ -7,9 +7,10 @@ Qwen3 is Qwen2 with three differences, as transformers' `modeling_qwen3` compute
 
 Qwen3-MoE has these layers with Qwen2-MoE's sparse block without its shared expert (models/qwen2_moe.py), every
 layer sparse as in the released sizes. Everything else (MLP, norms, RoPE, LM head, generation, LoRA, the
-tensor-parallel plan by layer names) is Qwen2's, and the parameter names are transformers' (`model.layers.N.self_attn.q_norm.weight` in a Hugging Face
-folder). The fused CPU kernels reach these layers as they reach Qwen2's; the native decoder op does not compute
-the head norms, so Qwen3's decode loop and no-gradient passes run Paddle's forward (said once per run).
+tensor-parallel plan by layer names) is Qwen2's, and the parameter names are transformers'
+(`model.layers.N.self_attn.q_norm.weight` in a Hugging Face folder). The fused CPU kernels reach these layers as
+they reach Qwen2's; the native decoder op does not compute the head norms, so Qwen3's decode loop and
+no-gradient passes run Paddle's forward (said once per run).
 """
 
 import paddle
@@ -26,7 +27,8 @@ class Qwen3Config(Qwen2Config):
 
     def __init__(self, head_dim=128, attention_bias=False, **kwargs):
         super().__init__(**kwargs)
-        self.head_dim = head_dim or self.hidden_size // self.num_attention_heads  # transformers reads None so
+        # head_dim null: hidden_size / num_attention_heads, as transformers reads it
+        self.head_dim = head_dim or self.hidden_size // self.num_attention_heads
         self.attention_bias = attention_bias
 
 

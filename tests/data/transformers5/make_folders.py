@@ -77,6 +77,7 @@ CASES = {
 PIPELINE_SHAPE = dict(vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=512, bos_token_id=256, eos_token_id=258, pad_token_id=256)
 PIPELINE_FIELDS = {
+    "qwen2": dict(tie_word_embeddings=True),
     "llama": dict(tie_word_embeddings=False),
     "qwen3": dict(tie_word_embeddings=True, head_dim=32),
     "ernie4_5": dict(tie_word_embeddings=True, head_dim=32),

@@ -141,36 +141,42 @@ def pretrained_tokenizer(path):
     them) and splits <tool_call> into bytes. A tokenizer_config.json naming a generic class of transformers
     (GENERIC_FAST_CLASSES) gets paddlenlp's class of that role, which AutoTokenizer does not know by those
     names. The chat template (the folder's chat_template.jinja, where transformers 5 writes it, else
-    tokenizer_config.json's) is compiled as transformers compiles it (chat_template.py)."""
-    tokenizer = tokenizer_from_files(path)
-    source = chat_template_text(path)
+    tokenizer_config.json's) is compiled as transformers compiles it (chat_template.py), not by paddlenlp, whose
+    Jinja environment refuses `{% generation %}` and `{% break %}`; it is saved with the tokenizer."""
+    config = read_tokenizer_config(path)
+    source = chat_template_text(path, config)
+    tokenizer = tokenizer_from_files(path, config)
     if source:
         tokenizer.chat_template = compile_chat_template(source)
+        tokenizer.init_kwargs["chat_template"] = source
     return tokenizer
 
 
-def chat_template_text(path):
+def read_tokenizer_config(path):
+    """The folder's tokenizer_config.json, {} without one."""
+    config_file = os.path.join(path, "tokenizer_config.json")
+    if not os.path.isfile(config_file):
+        return {}
+    with open(config_file, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def chat_template_text(path, tokenizer_config):
     """The chat template of the tokenizer folder `path` as text, None when it has none."""
     template = os.path.join(path, CHAT_TEMPLATE_FILE)
     if os.path.isfile(template):
         with open(template, encoding="utf-8") as f:
             return f.read()
-    config_file = os.path.join(path, "tokenizer_config.json")
-    if not os.path.isfile(config_file):
-        return None
-    with open(config_file, encoding="utf-8") as f:
-        return template_source(json.load(f))
+    return template_source(tokenizer_config)
 
 
-def tokenizer_from_files(path):
+def tokenizer_from_files(path, tokenizer_config):
+    options = {"chat_template": None}  # compiled by pretrained_tokenizer
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
-        return AutoTokenizer.from_pretrained(path)
-    config_file = os.path.join(path, "tokenizer_config.json")
-    if os.path.isfile(config_file):
-        with open(config_file, encoding="utf-8") as f:
-            if json.load(f).get("tokenizer_class") in GENERIC_FAST_CLASSES:
-                return PretrainedTokenizerFast.from_pretrained(path)
-    return AutoTokenizer.from_pretrained(path, use_fast=True)
+        return AutoTokenizer.from_pretrained(path, **options)
+    if tokenizer_config.get("tokenizer_class") in GENERIC_FAST_CLASSES:
+        return PretrainedTokenizerFast.from_pretrained(path, **options)
+    return AutoTokenizer.from_pretrained(path, use_fast=True, **options)
 
 
 def load_tokenizer(path, eos_token=""):

@@ -97,3 +97,21 @@ def test_transformers_renders_the_same_text():
         result = subprocess.run([transformers_python(), "-c", script, json.dumps([TOOLS_TEMPLATE, tools, messages])],
                                 check=True, capture_output=True, text=True)
         assert json.loads(result.stdout) == render_chat(Tokenizer(), messages, tools)
+
+
+def test_a_tokenizer_config_template_paddlenlp_cannot_compile_loads_renders_and_is_saved(tiny_world, tmp_path):
+    """paddlenlp's own loader refuses `{% generation %}` and `{% break %}` in tokenizer_config.json."""
+    import shutil
+
+    from paddle_alignment.models.loading import load_tokenizer
+
+    folder, saved = tmp_path / "tokenizer", tmp_path / "saved"
+    shutil.copytree(tiny_world["random_model"], folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = TOOLS_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    messages = [{"role": "user", "content": " 3+4? "}]
+    expected = render_chat(Tokenizer(), messages, TOOLS).replace("<s>", "")  # the tiny tokenizer has no BOS token
+    assert render_chat(load_tokenizer(str(folder)), messages, TOOLS) == expected
+    load_tokenizer(str(folder)).save_pretrained(str(saved))
+    assert render_chat(load_tokenizer(str(saved)), messages, TOOLS) == expected

@@ -27,15 +27,14 @@ def observation_text(tokenizer, observations, role="tool"):
     """What the chat template renders after an assistant turn's end-of-turn token (the tokenizer's EOS) for one
     turn of `role` per text of `observations`, and the opening of the next assistant turn."""
     eos = tokenizer.eos_token
-    closed = render_chat(tokenizer, PROBE_CONVERSATION, add_generation_prompt=False)
-    if closed.find(eos, closed.find(PROBE_ANSWER)) < 0:
-        raise TemplateError(f"the chat template ends no assistant turn with the EOS token {eos!r}")
     messages = [*PROBE_CONVERSATION, *({"role": role, "content": text} for text in observations)]
     rendered = render_chat(tokenizer, messages, add_generation_prompt=True)
     answer = rendered.find(PROBE_ANSWER)
-    end = rendered.find(eos, answer) if answer >= 0 else -1
-    if end < 0:
+    if answer < 0:
         raise TemplateError(f"the chat template does not render a {role!r} turn after an assistant turn's end")
+    end = rendered.find(eos, answer)
+    if end < 0:
+        raise TemplateError(f"the chat template ends no assistant turn with the EOS token {eos!r}")
     return rendered[end + len(eos):]
 
 

@@ -10,6 +10,8 @@ from paddle_alignment.algos.registry import (  # noqa: F401
     LR_SCHEDULES,
     PAIRWISE_LOSSES,
     POLICY_LOSSES,
+    PREFERENCE_LOSSES,
     ROLLOUT_CORRECTIONS,
+    UNPAIRED_PREFERENCE_LOSSES,
 )
-from paddle_alignment.algos import advantages, kl, losses, metrics, pairwise, reward_shaping, rollout_correction, schedules, token_stats  # noqa: E402,F401
+from paddle_alignment.algos import advantages, kl, losses, metrics, pairwise, preference, reward_shaping, rollout_correction, schedules, token_stats  # noqa: E402,F401

@@ -63,5 +63,9 @@ KL_ESTIMATORS = Registry("KL estimator (kl_estimator)")
 LOSS_AGGREGATIONS = Registry("loss aggregation (loss_agg_mode)")
 LR_SCHEDULES = Registry("learning-rate schedule (lr_scheduler_type)")
 PAIRWISE_LOSSES = Registry("pairwise reward-model loss (loss_type)")
+# reference: compares the policy with a reference model (else reference-free by definition); length_normalized:
+# takes each response's mean token log-prob rather than its sum.
+PREFERENCE_LOSSES = Registry("preference loss (loss_type)", reference=True, length_normalized=False)
+UNPAIRED_PREFERENCE_LOSSES = Registry("unpaired preference loss (loss_type)", kl_baseline=True)
 # level: what one weight covers: "token", or "sequence" (the same weight on each of its tokens).
 ROLLOUT_CORRECTIONS = Registry("rollout correction (rollout_correction)", level="token")

@@ -8,6 +8,10 @@ Writes, from one shuffle of all 1000 prompts:
   pref/train.jsonl preference pairs for reward-model training: the right sum against a wrong one (the
   pref/eval.jsonl  annotator's dropped carry and other slips), in random order (`better` says which is right);
                    eval on held-out prompts
+  dpo/train.jsonl  the same pairs in PaddleNLP's DPO format ({"src", "tgt", "response", "sort"}), for run_dpo.py
+  dpo/dev.jsonl
+  kto/train.jsonl  the same pairs made unpaired for run_kto.py: each reply a row, `sort` [1] if right, [0] if not,
+  kto/dev.jsonl    in a seeded shuffle
 
 The demonstrations come from a careless annotator: on sums that carry (>= 10) it drops the carry with
 probability `carry_slip_rate` (writing 13 as 3), and any answer is off by one with probability `error_rate`.
@@ -65,6 +69,20 @@ def preference_rows(triples, rng, pairs_per_prompt=1):
     return rows
 
 
+def paddlenlp_pairs(rows):
+    """Pair rows in PaddleNLP's DPO format: the replies in the rows' order, the right one sorted higher."""
+    return [{"src": r["src"], "tgt": [], "response": [r["answer"], r["other_answer"]], "sort": [1, 0] if r["better"] else [0, 1]}
+            for r in rows]
+
+
+def unpaired_rows(rows, rng):
+    """Each reply of the pair rows on a row of its own in PaddleNLP's KTO format, shuffled."""
+    unpaired = [{"src": r["src"], "tgt": [], "response": [reply], "sort": [int(reply_is_better)]}
+                for r in rows for reply, reply_is_better in ((r["answer"], r["better"]), (r["other_answer"], not r["better"]))]
+    rng.shuffle(unpaired)
+    return unpaired
+
+
 def write_jsonl(rows, path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
@@ -82,8 +100,11 @@ def generate(output_dir, num_eval=200, num_sft=20000, carry_slip_rate=0.6, error
     demos = noisy_demonstrations(train_triples, num_sft, carry_slip_rate, error_rate, rng)
     write_jsonl(demos, os.path.join(output_dir, "sft", "train.json"))
     write_jsonl(arith_rows(eval_triples), os.path.join(output_dir, "sft", "dev.json"))
-    write_jsonl(preference_rows(train_triples, rng, pairs_per_prompt=4), os.path.join(output_dir, "pref", "train.jsonl"))
-    write_jsonl(preference_rows(eval_triples, rng), os.path.join(output_dir, "pref", "eval.jsonl"))
+    pairs = {"train": preference_rows(train_triples, rng, pairs_per_prompt=4), "eval": preference_rows(eval_triples, rng)}
+    for split, name in (("train", "train"), ("eval", "dev")):
+        write_jsonl(pairs[split], os.path.join(output_dir, "pref", f"{split}.jsonl"))
+        write_jsonl(paddlenlp_pairs(pairs[split]), os.path.join(output_dir, "dpo", f"{name}.jsonl"))
+        write_jsonl(unpaired_rows(pairs[split], rng), os.path.join(output_dir, "kto", f"{name}.jsonl"))
 
 
 def main():
@@ -96,7 +117,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     generate(args.output_dir, args.num_eval, args.num_sft, args.carry_slip_rate, args.error_rate, args.seed)
-    print(f"demo data written to {args.output_dir}/rl, {args.output_dir}/sft and {args.output_dir}/pref")
+    print(f"demo data written to {args.output_dir}/rl, sft, pref, dpo and kto")
 
 
 if __name__ == "__main__":

@@ -66,6 +66,9 @@ NO_EFFECT = {
     "per_device_sample_batch_size": "an older PaddleNLP dynamic-sampling key: here the kept batch is "
     "global_batch_size (or per_device_prompt_batch_size) and the generated one global_gen_batch_size",
     "dataloader_drop_last": "an RL step always takes a whole prompt batch; an epoch's last partial batch is dropped",
+    "flash_mask": "preference rows are packed with a dense attention mask built from their layout (docs/preference.md)",
+    "lazy": "preference data files are read whole at start (their bad rows refused before training)",
+    "use_quick_lora": "LoRA layers run paddlenlp's standard implementation",
 }
 
 

@@ -20,9 +20,8 @@ replies in proportion to their lengths, a cut reply losing its EOS), and counted
 import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass, field
-from typing import List, Optional
-
 from paddle_alignment.chat_template import render_chat
 from paddle_alignment.data.raw import numbered_rows
 
@@ -33,9 +32,9 @@ logger = logging.getLogger(__name__)
 class PreferencePair:
     """One prompt and two replies as token ids (each reply with its EOS unless it was cut)."""
 
-    prompt: List[int]
-    chosen: List[int]
-    rejected: List[int]
+    prompt: list[int]
+    chosen: list[int]
+    rejected: list[int]
     where: str = ""
 
 
@@ -44,10 +43,10 @@ class RatedResponse:
     """One prompt and one reply marked `desirable` or not (KTO), with the reply of another row (`kl_response`)
     that estimates the KL baseline."""
 
-    prompt: List[int]
-    response: List[int]
+    prompt: list[int]
+    response: list[int]
     desirable: bool
-    kl_response: List[int] = field(default_factory=list)
+    kl_response: list[int] = field(default_factory=list)
     where: str = ""
 
 
@@ -179,6 +178,8 @@ def read_preference_file(path, build, max_seq_len, max_prompt_len, kind):
     stops the run naming its file and line. Logs how many were cut."""
     items, cut = [], 0
     for file in [p.strip() for p in path.split(",") if p.strip()]:
+        if not os.path.isfile(file):
+            raise FileNotFoundError(f"preference data file {file} does not exist")
         for line, row in numbered_rows(file):
             where = f"{file}:{line}"
             try:

@@ -78,15 +78,16 @@ def rows_of_groups(lengths, row_tokens):
     return rows
 
 
-def pack_groups(groups, pad_token_id, row_tokens=0):
+def pack_groups(groups, pad_token_id, row_tokens=0, rows=None):
     """PackedBatch of `groups` ([(prompt ids, [reply ids, ...])], every group with the same number of replies):
-    each group a row padded on the right, or packed into rows of `row_tokens` (see rows_of_groups)."""
+    each group a row padded on the right, or packed into rows of `row_tokens` (see rows_of_groups), or into the
+    given `rows` (lists of group indices)."""
     replies_per_group = {len(replies) for _, replies in groups}
     if len(replies_per_group) != 1:
         raise ValueError(f"every group needs the same number of replies, got {sorted(replies_per_group)}")
     count = len(groups)
     laid_out = [group_tokens(prompt, replies) for prompt, replies in groups]
-    rows = rows_of_groups([len(tokens) for tokens, *_ in laid_out], row_tokens)
+    rows = rows or rows_of_groups([len(tokens) for tokens, *_ in laid_out], row_tokens)
     width = max(sum(len(laid_out[g][0]) for g in row) for row in rows)
     ids = np.full((len(rows), width), pad_token_id, dtype="int64")
     positions = np.zeros((len(rows), width), dtype="int64")
@@ -117,7 +118,7 @@ def pack_groups(groups, pad_token_id, row_tokens=0):
 
 def last_token(groups, sequence, count):
     """The last token of a reply, which the row never holds as an input (nothing is predicted from it)."""
-    prompt, replies = groups[sequence % count]
+    _, replies = groups[sequence % count]
     return replies[sequence // count][-1]
 
 

@@ -29,6 +29,7 @@ FLOORS = (
     {"config"},
     {"rollout"},
     {"checkpoints", "split_training"},
+    {"preference"},
 )
 
 

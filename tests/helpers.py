@@ -127,6 +127,10 @@ def build_tiny_world(root, hidden_size=64, num_layers=2, sft_steps=200, sft_lear
         "eval": os.path.join(root, "data", "rl", "eval.jsonl"),
         "pref_train": os.path.join(root, "data", "pref", "train.jsonl"),
         "pref_eval": os.path.join(root, "data", "pref", "eval.jsonl"),
+        "dpo_train": os.path.join(root, "data", "dpo", "train.jsonl"),
+        "dpo_eval": os.path.join(root, "data", "dpo", "dev.jsonl"),
+        "kto_train": os.path.join(root, "data", "kto", "train.jsonl"),
+        "kto_eval": os.path.join(root, "data", "kto", "dev.jsonl"),
         "sft_train": os.path.join(root, "data", "sft", "train.json"),
         "sft_logs": os.path.join(root, "sft_vdl"),
     }
@@ -148,6 +152,7 @@ def build_real_world(root):
         "sft_train": os.path.join(root, "arith", "sft", "train.json"),
         "pref_train": os.path.join(root, "arith", "pref", "train.jsonl"),
         "pref_eval": os.path.join(root, "arith", "pref", "eval.jsonl"),
+        "dpo_train": os.path.join(root, "arith", "dpo", "train.jsonl"),
     }
 
 

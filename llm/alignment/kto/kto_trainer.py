@@ -6,7 +6,7 @@ import paddle
 
 from paddle_alignment.algos import UNPAIRED_PREFERENCE_LOSSES
 from paddle_alignment.algos.preference import kl_baseline
-from paddle_alignment.distributed import sum_over_data_ranks, data_parallel_rank_and_size
+from paddle_alignment.distributed import data_parallel_rank_and_size, sum_over_data_ranks
 from paddle_alignment.preference.trainer import PreferenceTrainer, mean_of
 
 
@@ -25,7 +25,10 @@ class KTOTrainer(PreferenceTrainer):
         logps = policy.logp_sums
         responses, kl_responses = logps[:count], logps[count:]
         reference, kl_reference = reference_logps[:count], reference_logps[count:]
-        kl = kl_baseline(kl_responses, kl_reference, mean_over_data_ranks) if self.uses_kl else paddle.zeros([])
+        # Training averages the baseline over the data ranks (TRL); evaluation takes each batch's own, as the ranks'
+        # shares of the held-out rows may make different numbers of batches.
+        over_ranks = mean_over_data_ranks if self.model.training else None
+        kl = kl_baseline(kl_responses, kl_reference, over_ranks) if self.uses_kl else paddle.zeros([])
         desirable = inputs["desirable"]
         good, bad = paddle.nonzero(desirable).flatten(), paddle.nonzero(~desirable).flatten()
 

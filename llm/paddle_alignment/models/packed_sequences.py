@@ -138,7 +138,10 @@ class SequenceStats:
 
 
 def per_sequence(values, batch):
-    return paddle.geometric.segment_sum(values, batch.sequence_ids)
+    """Sums [S] of token values [T] per sequence: a product with the tokens' one-hot sequence matrix (T x S, small
+    beside the activations), which, unlike segment_sum, runs on the tensor-parallel plan's distributed tensors."""
+    members = paddle.nn.functional.one_hot(batch.sequence_ids.astype("int64"), batch.num_sequences).astype(values.dtype)
+    return paddle.matmul(values.unsqueeze(0), members)[0]
 
 
 def packed_sequence_stats(model, batch, chunk_tokens=DEFAULT_CHUNK_TOKENS):

@@ -9,6 +9,8 @@ import shutil
 import pytest
 
 from helpers import paddlenlp_messages, protocol_only_app, running_reward_server, serving
+from llm.alignment.dpo import run_dpo
+from llm.alignment.kto import run_kto
 from llm.alignment.ppo import run_ppo
 from llm.alignment.rm import run_reward
 from paddle_alignment.config.arguments import parse_arguments
@@ -93,6 +95,27 @@ def test_llama_rm_json_trains_a_reward_model(tiny_world, tmp_path):
     run_reward.main([config("llama_rm_argument.json"), *argv])
     assert (tmp_path / "config.json").is_file()
     assert "eval_accuracy" in json.loads((tmp_path / "all_results.json").read_text())
+
+
+def preference_paths(world, output_dir, kind):
+    return ["--model_name_or_path", world["model"], "--train_dataset_path", world[f"{kind}_train"],
+            "--dev_dataset_path", world[f"{kind}_eval"], "--output_dir", str(output_dir), "--logging_dir", str(output_dir / "vdl")]
+
+
+@pytest.mark.parametrize("name, main, kind", [
+    ("qwen_dpo_argument.json", run_dpo.main, "dpo"),
+    ("qwen_dpo_lora_argument.json", run_dpo.main, "dpo"),
+    ("qwen_kto_argument.json", run_kto.main, "kto"),
+])
+def test_qwen_dpo_and_kto_json_train_evaluate_and_keep_the_best_checkpoint(tiny_world, tmp_path, name, main, kind):
+    with paddlenlp_messages() as lines:
+        main([config(name), *preference_paths(tiny_world, tmp_path, kind)])
+    assert finished_steps(tmp_path, 2) == 2
+    assert "eval_rewards/chosen" in json.loads((tmp_path / "eval_results.json").read_text())
+    trained = "lora_config.json" if "lora" in name else "config.json"
+    assert (tmp_path / trained).is_file()
+    assert any("use_flash_attention=True has no effect on CPU" in line for line in lines)
+    assert any("config key flash_mask=" in line for line in lines) == ("flash_mask" in open(config(name)).read())
 
 
 @pytest.mark.slow

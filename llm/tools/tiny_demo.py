@@ -2,11 +2,18 @@
 
     python -m llm.tools.tiny_demo            (from the repository root)
     python -m llm.tools.tiny_demo --tools    the tool task
+    python -m llm.tools.tiny_demo --dpo      DPO instead of GRPO (--kto: KTO)
 
 The sum task: build the tokenizer, a tiny Qwen2 and the `a+b+c=` data under tiny_demo/; SFT it with
 config/tiny/sft_argument.json; start the reward server; run GRPO with config/tiny/grpo_argument.json
 under `paddle.distributed.launch`; stop the server. The last line printed is
 `accuracy_before=<a> accuracy_after=<b>`: greedy accuracy on held-out prompts before and after GRPO.
+
+Preference alignment (`--dpo`, `--kto`): the same tokenizer, model, data and SFT; then run_dpo.py with
+config/tiny/dpo_argument.json on pairs of the right sum against the careless annotator's slip (or run_kto.py
+with config/tiny/kto_argument.json on the same replies unpaired). No reward server: the pairs are the signal.
+The last line printed is `accuracy_before=<a> accuracy_after=<b>`, greedy accuracy on the held-out prompts
+(llm/predict/predictor.py) before and after.
 
 The tool task (`--tools`): two-digit products with a `calc` tool, which a 1M-parameter model cannot compute
 alone. Build the tokenizer with Qwen2.5's tool tags, a tiny Qwen2 and the products' data; SFT on
@@ -27,6 +34,7 @@ from contextlib import contextmanager
 import requests
 
 from paddle_alignment.cpu_runtime import usable_cpus
+from paddle_alignment.rewards.arith import arith_reward
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 WORK_DIR = "tiny_demo"
@@ -34,6 +42,7 @@ SFT_CONFIG = "config/tiny/sft_argument.json"
 GRPO_CONFIG = "config/tiny/grpo_argument.json"
 SFT_TOOL_CONFIG = "config/tiny/sft_tool_argument.json"
 GRPO_TOOL_CONFIG = "config/tiny/grpo_tool_argument.json"
+PREFERENCE_CONFIGS = {"dpo": "config/tiny/dpo_argument.json", "kto": "config/tiny/kto_argument.json"}
 
 
 def run(command, env=None):
@@ -104,20 +113,50 @@ def run_grpo(config, nproc_per_node, options=()):
     )
 
 
-def sum_demo(args):
+def sft_sum_model():
+    """The sum task's tokenizer, tiny Qwen2 and data under tiny_demo/, and the model fine-tuned on the
+    demonstrations (config/tiny/sft_argument.json)."""
     python = sys.executable
-    grpo = read_config(GRPO_CONFIG)
     sft = read_config(SFT_CONFIG)
     run([python, "-m", "llm.tools.build_tokenizer", "--output_dir", f"{WORK_DIR}/models/tokenizer"])
     run([python, "-m", "llm.tools.build_tiny_model", "--tokenizer_dir", f"{WORK_DIR}/models/tokenizer", "--output_dir", sft["model_name_or_path"]])
     run([python, "-m", "llm.tools.gen_arith", "--output_dir", f"{WORK_DIR}/data"])
     run([python, "llm/run_finetune.py", SFT_CONFIG])
+    return sft
+
+
+def sum_demo(args):
+    sft = sft_sum_model()
+    grpo = read_config(GRPO_CONFIG)
     with reward_server(grpo["reward_task"], args.port, os.path.join(REPO_ROOT, WORK_DIR, "reward_server.log")) as url:
         run_grpo(GRPO_CONFIG, args.nproc_per_node, ["--reward_server", url])
     before = read_results(grpo["output_dir"], "initial_eval")["eval_accuracy"]
     after = read_results(grpo["output_dir"], "eval")["eval_accuracy"]
     print(f"\nGRPO policy: {grpo['output_dir']}/policy")
     print(f"VisualDL logs: visualdl --logdir {WORK_DIR}/vdl_log  (SFT: {sft['logging_dir']}, GRPO: {grpo['logging_dir']})")
+    return f"accuracy_before={before:.4f} accuracy_after={after:.4f}"
+
+
+def greedy_accuracy(model_dir, name):
+    """Greedy accuracy of the model at `model_dir` on the held-out sum prompts, decoded by the predictor."""
+    prompts = f"{WORK_DIR}/data/rl/eval.jsonl"
+    output = f"{WORK_DIR}/predictions/{name}.jsonl"
+    run([sys.executable, "llm/predict/predictor.py", "--model_name_or_path", model_dir, "--data_file", prompts,
+         "--output_file", output, "--batch_size", "200", "--max_length", "8"])
+    with open(os.path.join(REPO_ROOT, output), encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    return sum(arith_reward(row["src"], row["tgt"], row["output"]) for row in rows) / len(rows)
+
+
+def preference_demo(kind):
+    """SFT, then DPO (`kind` "dpo") or KTO ("kto") on the arith world's preference data."""
+    sft = sft_sum_model()
+    config = read_config(PREFERENCE_CONFIGS[kind])
+    before = greedy_accuracy(sft["output_dir"], "sft")
+    run([sys.executable, f"llm/alignment/{kind}/run_{kind}.py", PREFERENCE_CONFIGS[kind]])
+    after = greedy_accuracy(config["output_dir"], kind)
+    print(f"\n{kind.upper()} policy: {config['output_dir']}")
+    print(f"VisualDL logs: visualdl --logdir {WORK_DIR}/vdl_log  (SFT: {sft['logging_dir']}, {kind.upper()}: {config['logging_dir']})")
     return f"accuracy_before={before:.4f} accuracy_after={after:.4f}"
 
 
@@ -148,14 +187,22 @@ def tool_demo(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tools", action="store_true", help="the tool task (products with a calc tool) instead of the sum task")
+    task = parser.add_mutually_exclusive_group()
+    task.add_argument("--tools", action="store_true", help="the tool task (products with a calc tool) instead of the sum task")
+    task.add_argument("--dpo", action="store_true", help="DPO on the sum task's preference pairs instead of GRPO")
+    task.add_argument("--kto", action="store_true", help="KTO on the sum task's replies marked right or wrong instead of GRPO")
     parser.add_argument("--nproc_per_node", type=int, default=1, help="GRPO processes (CPU data parallel with gloo)")
     parser.add_argument("--port", type=int, default=8731, help="port of the sum task's reward server")
     args = parser.parse_args()
 
     started = time.time()
     os.makedirs(os.path.join(REPO_ROOT, WORK_DIR), exist_ok=True)
-    summary = tool_demo(args) if args.tools else sum_demo(args)
+    if args.tools:
+        summary = tool_demo(args)
+    elif args.dpo or args.kto:
+        summary = preference_demo("dpo" if args.dpo else "kto")
+    else:
+        summary = sum_demo(args)
     print(f"wall time: {time.time() - started:.0f}s")
     print(summary)
 

@@ -1,5 +1,5 @@
 """Writes the configuration reference, docs/configuration.md, from the argument dataclasses' help strings (their
-one source): the keys of run_ppo.py by group, of run_reward.py and run_finetune.py, the paddlenlp
+one source): the keys of run_ppo.py by group, of run_reward.py, run_dpo.py, run_kto.py and run_finetune.py, the paddlenlp
 TrainingArguments keys the trainers read, PaddleNLP's other key names and its keys without effect here.
 
     python -m llm.tools.config_reference            # rewrite docs/configuration.md
@@ -22,6 +22,10 @@ from llm.run_finetune import FinetuneDataArgument, FinetuneModelArgument  # noqa
 from paddle_alignment.config.arguments import GROUPS  # noqa: E402
 from paddle_alignment.config.model import DataArgument, ModelArgument  # noqa: E402
 from paddle_alignment.config.paddlenlp_keys import ALIASES, NO_EFFECT  # noqa: E402
+from paddle_alignment.config.preference import (  # noqa: E402
+    DPOTrainingArguments, KTOTrainingArguments, PreferenceDataArgument, PreferenceModelArgument, PreferenceTrainingArguments,
+    ReferenceArguments,
+)
 
 PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "configuration.md")
 
@@ -120,6 +124,14 @@ def reference():
     parts += [section(GROUP_TITLES[group.__name__], group, ALIASES) for group in GROUPS]
     parts.append("\n## run_reward.py: reward-model training\n\nBesides the model-kernel keys above and paddlenlp's keys below.\n")
     parts += [section(title, cls) for title, cls in (("Model", RewardModelArgument), ("Data", RewardDataArgument), ("Training", RewardTrainingArguments))]
+    parts.append("\n## run_dpo.py and run_kto.py: preference alignment\n\nBoth read the model, data, reference and "
+                 "benchmark keys; then each its loss's. Besides the model-kernel keys above and paddlenlp's keys below "
+                 "([preference.md](preference.md)).\n")
+    parts += [section(title, cls, ALIASES) for title, cls in (
+        ("Model", PreferenceModelArgument), ("Data", PreferenceDataArgument), ("Reference", ReferenceArguments),
+        ("Benchmark runs", PreferenceTrainingArguments), ("DPO loss (run_dpo.py)", DPOTrainingArguments),
+        ("KTO loss (run_kto.py)", KTOTrainingArguments),
+    )]
     parts.append("\n## run_finetune.py: SFT\n\nBesides paddlenlp's keys below.\n")
     parts += [section(title, cls) for title, cls in (("Model", FinetuneModelArgument), ("Data", FinetuneDataArgument))]
     parts.append("\n## paddlenlp's TrainingArguments keys the trainers read\n\nTheir meaning and help are paddlenlp's. "

@@ -11,11 +11,12 @@ from helpers import REPO_ROOT
 from paddle_alignment.models.hf_layout import save_hf_weights
 
 
-def run_script(*argv):
+def run_script(*argv, last_line=True):
+    """The script's last output line (or, with `last_line` false, its whole output)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run([sys.executable, *argv], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return result.stdout.strip().splitlines()[-1]
+    return result.stdout.strip().splitlines()[-1] if last_line else result.stdout
 
 
 def test_bench_grpo_prints_its_figure(tiny_world):
@@ -79,3 +80,13 @@ def test_bench_real_size_prints_its_figures(tmp_path):
     assert last.startswith("ours_seconds_per_step=") and float(last.split("=")[1]) > 0
     last = run_script("benchmarks/bench_real_size.py", *sizes, "--mode", "decode", "--new_tokens", "6")
     assert last.startswith("fast_over_bandwidth_limit=") and float(last.split("=")[1]) > 0
+
+
+def test_bench_dpo_prints_its_figures_and_reads_its_reference_cache(tmp_path):
+    """Ours only (TRL lives in a virtualenv of its own); with --precompute the measured run reads the cache the
+    first run wrote and loads no reference model."""
+    output = run_script("benchmarks/bench_dpo.py", "--work", str(tmp_path), "--model", "tiny", "--prompt_tokens", "8",
+                        "--response_tokens", "8", "--pairs_per_step", "2", "--micro_batch", "2", "--steps", "1",
+                        "--warmup", "1", "--precompute", last_line=False)
+    assert "reference model loaded: False, reference forwards: 0" in output
+    assert float(output.strip().splitlines()[-1].split("=")[1]) > 0

@@ -13,6 +13,8 @@ import sys
 import pytest
 
 from helpers import REPO_ROOT
+from llm.alignment.dpo.run_dpo import ARGUMENT_CLASSES as DPO_ARGUMENTS
+from llm.alignment.kto.run_kto import ARGUMENT_CLASSES as KTO_ARGUMENTS
 from llm.alignment.rm.run_reward import ARGUMENT_CLASSES as REWARD_ARGUMENTS
 from llm.run_finetune import ARGUMENT_CLASSES as FINETUNE_ARGUMENTS
 from llm.tools import config_reference
@@ -28,6 +30,8 @@ REPO_DIRS = ("config/", "llm/", "benchmarks/", "csrc/", "tests/", "docs/")
 CONFIG_SCRIPTS = {
     "llm/alignment/ppo/run_ppo.py": ARGUMENT_CLASSES,
     "llm/alignment/rm/run_reward.py": REWARD_ARGUMENTS,
+    "llm/alignment/dpo/run_dpo.py": DPO_ARGUMENTS,
+    "llm/alignment/kto/run_kto.py": KTO_ARGUMENTS,
     "llm/run_finetune.py": FINETUNE_ARGUMENTS,
 }
 # Options of paddle.distributed.launch that take a value, before the script it launches.

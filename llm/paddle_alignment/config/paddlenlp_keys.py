@@ -1,4 +1,4 @@
-"""PaddleNLP's RL and reward-model config files, read as PaddleNLP reads them.
+"""PaddleNLP's RL, reward-model, DPO and KTO config files, read as PaddleNLP reads them.
 
 PaddleNLP's `run_ppo.py` / `run_rl.py` take a JSON or a YAML file of keys. Here every key of theirs is
 either a key of this project's argument classes with PaddleNLP's meaning and default, another name for
@@ -19,6 +19,7 @@ ALIASES = {
     "mini_batch_size": "global_mini_batch_size",
     "rollout_logprob_batch_size": "per_device_logprob_batch_size",
     "fused_linear": "use_fused_linear",
+    "rpo_alpha": "sft_loss_ratio",  # TRL's name of the NLL term on the chosen replies (run_dpo)
     # PaddleFormers' (Megatron-style) names of paddlenlp's parallel degrees.
     "tensor_model_parallel_size": "tensor_parallel_degree",
     "pipeline_model_parallel_size": "pipeline_parallel_degree",

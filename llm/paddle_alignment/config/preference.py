@@ -111,6 +111,11 @@ class PreferenceTrainingArguments(ReferenceArguments, ModelKernelArguments, Trai
             self.load_best_model_at_end, self.logging_steps = False, 1
         super().__post_init__()
         self.evaluation_strategy = getattr(self.evaluation_strategy, "value", self.evaluation_strategy)
+        if self.lora and self.tensor_parallel_degree > 1:
+            raise ValueError(
+                f"lora with tensor_parallel_degree={self.tensor_parallel_degree}: the tensor-parallel plan splits the base "
+                "layers LoRA wraps; train LoRA adapters with data parallel or sharding stage1"
+            )
 
 
 @dataclass

@@ -16,6 +16,7 @@ from paddle_alignment.data.preference import fingerprint
 from paddle_alignment.distributed import barrier, rank_shard, sum_over_data_ranks
 from paddle_alignment.models.lora_utils import adapters_disabled
 from paddle_alignment.models.packed_sequences import pack_groups, packed_sequence_stats
+from paddle_alignment.models.tensor_parallel import is_dist_tensor, local_value
 from paddle_alignment.preference.batches import group_batches, group_of, sequence_order
 
 logger = logging.getLogger(__name__)
@@ -118,3 +119,25 @@ def save_reference(path, values):
             np.save(f, values)
         os.replace(path + ".tmp", path)
     barrier()
+
+
+def reference_weights_file(folder):
+    """Where a checkpoint keeps this rank's reference weights (TR-DPO moves them away from the model's)."""
+    return os.path.join(folder, f"reference.rank{paddle.distributed.get_rank():02d}.pdparams")
+
+
+def save_reference_weights(model, folder):
+    paddle.save({name: local_value(value) for name, value in model.state_dict().items()}, reference_weights_file(folder))
+
+
+def load_reference_weights(model, folder):
+    """The reference weights a checkpoint kept into `model`; the file missing stops the run naming it."""
+    path = reference_weights_file(folder)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} does not exist: ref_model_update_steps resumes the reference a checkpoint kept")
+    state = paddle.load(path)
+    for name, weight in model.state_dict().items():
+        if is_dist_tensor(weight):
+            raise ValueError("resuming ref_model_update_steps under tensor parallel is not implemented: resume at "
+                             "tensor_parallel_degree 1, or restart the run")
+        weight.set_value(state[name])

@@ -9,12 +9,14 @@ from paddlenlp.peft import LoRAConfig, LoRAModel
 from paddlenlp.trainer import set_seed
 from paddlenlp.trl.llm_utils import get_lora_target_modules
 
-from paddle_alignment.checkpoints.folders import output_dir_claimed
+from paddle_alignment.checkpoints.folders import output_dir_claimed, resolve_resume_checkpoint
 from paddle_alignment.config.arguments import parse_arguments
 from paddle_alignment.distributed import finish_distributed_run
 from paddle_alignment.models.loading import frozen, load_causal_lm, load_dtype, load_tokenizer
-from paddle_alignment.preference.batches import GroupCollator, GroupDataset
-from paddle_alignment.preference.reference import Reference, cache_path, cached_reference, compute_reference, save_reference
+from paddle_alignment.preference.batches import GroupCollator, GroupDataset, group_of
+from paddle_alignment.preference.reference import (
+    Reference, cache_path, cached_reference, compute_reference, load_reference_weights, save_reference,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,29 +41,43 @@ def reference_path(model_args):
     return model_args.reference_model_name_or_path or model_args.model_name_or_path
 
 
-def load_reference(model_args, training_args):
+def reference_model(model_args, training_args):
+    """The frozen reference model, or None where the reference is the model with its LoRA adapters off."""
+    if training_args.lora and model_args.reference_model_name_or_path is None:
+        return None
     return frozen(load_causal_lm(reference_path(model_args), training_args))
 
 
 def precompute_reference(datasets, model_args, training_args, policy, pad_token_id):
     """Each data set's reference log-probs from its cache file, or computed (with a reference loaded for that and
-    dropped after) and cached."""
+    dropped after) and cached. Returns the reference forwards run."""
     cache_dir = training_args.reference_cache_dir or os.path.join(training_args.output_dir, "reference_logps")
     reference = None
     for dataset in datasets:
         path = cache_path(cache_dir, dataset.records, reference_path(model_args), load_dtype(training_args))
-        replies = 2
-        values = cached_reference(path, len(dataset.records), replies)
+        values = cached_reference(path, len(dataset.records), len(group_of(dataset.records[0])[1]))
         if values is not None:
             logger.info(f"reference log-probs of {len(dataset.records)} rows read from {path}")
         else:
-            if reference is None:
-                model = None if model_args.reference_model_name_or_path is None and training_args.lora else load_reference(model_args, training_args)
-                reference = Reference(model, chunk_tokens=training_args.logprob_chunk_tokens)
+            reference = reference or Reference(reference_model(model_args, training_args), chunk_tokens=training_args.logprob_chunk_tokens)
             values = compute_reference(reference, policy, dataset.records, pad_token_id, training_args.per_device_eval_batch_size)
             save_reference(path, values)
-            logger.info(f"reference log-probs of {len(dataset.records)} rows computed ({reference.forwards} forwards) and written to {path}")
+            logger.info(f"reference log-probs of {len(dataset.records)} rows computed and written to {path}")
         dataset.reference = values
+    return reference.forwards if reference else 0
+
+
+def build_reference(model_args, training_args, policy, datasets, pad_token_id):
+    """The run's Reference: none, precomputed (the data sets given their log-probs), or a model run every batch
+    (with TR-DPO's weights back from the checkpoint resumed)."""
+    if not training_args.uses_reference:
+        return Reference(free=True)
+    if training_args.precompute_ref_log_probs:
+        forwards = precompute_reference(datasets, model_args, training_args, policy, pad_token_id)
+        return Reference(precomputed=True, forwards=forwards)
+    reference = Reference(reference_model(model_args, training_args), chunk_tokens=training_args.logprob_chunk_tokens)
+    if training_args.ref_model_update_steps > 0 and training_args.resume_from_checkpoint:
+        load_reference_weights(reference.model, training_args.resume_from_checkpoint)
     return reference
 
 
@@ -69,6 +85,7 @@ def build_preference_trainer(argv, argument_classes, read_records, trainer_class
     """The trainer of a run_dpo/run_kto command line: `read_records(path, tokenizer, max_seq_len, max_prompt_len)`
     reads its data files."""
     model_args, data_args, training_args = parse_arguments(argv, argument_classes)
+    resolve_resume_checkpoint(training_args, training=True)
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
     tokenizer = load_tokenizer(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
@@ -87,14 +104,7 @@ def build_preference_trainer(argv, argument_classes, read_records, trainer_class
     model = load_causal_lm(model_args.model_name_or_path, training_args, model_args.recompute_granularity)
     if training_args.lora:
         model = with_lora(model, model_args, training_args)
-    reference = Reference(free=not training_args.uses_reference, chunk_tokens=training_args.logprob_chunk_tokens)
-    if training_args.uses_reference and training_args.precompute_ref_log_probs:
-        counted = precompute_reference([d for d in (train, evaluation) if d], model_args, training_args, model, tokenizer.pad_token_id)
-        reference = Reference(precomputed=True, forwards=counted.forwards if counted else 0)
-    elif training_args.uses_reference:
-        external = not training_args.lora or model_args.reference_model_name_or_path is not None
-        reference = Reference(load_reference(model_args, training_args) if external else None,
-                              chunk_tokens=training_args.logprob_chunk_tokens)
+    reference = build_reference(model_args, training_args, model, [d for d in (train, evaluation) if d], tokenizer.pad_token_id)
     return trainer_class(
         model=model, args=training_args, train_dataset=train, eval_dataset=evaluation, tokenizer=tokenizer,
         data_collator=GroupCollator(tokenizer.pad_token_id), reference=reference,

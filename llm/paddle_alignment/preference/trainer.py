@@ -7,28 +7,36 @@ the next log and over the data ranks, and logged as their ratio under TRL's name
 logps/rejected, ...); evaluation scores every held-out group exactly once the same way.
 """
 
+import os
 from collections import defaultdict
 
 import paddle
 from paddlenlp.trainer import Trainer, TrainerCallback
+from paddlenlp.trainer.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from paddle_alignment.distributed import all_reduce_scalars, rank_shard
 from paddle_alignment.fused_optimizer import FusedOptimizerMixin
 from paddle_alignment.models.packed_sequences import PackedBatch, packed_sequence_stats
+from paddle_alignment.preference.reference import save_reference_weights
 from paddle_alignment.split_training import AverageSplitGradients, SplitModelMixin
 
 PACKED_FIELDS = tuple(PackedBatch.__dataclass_fields__)
 
 
 class ReferenceUpdates(TrainerCallback):
-    """TR-DPO: every ref_model_update_steps optimizer steps the reference takes in the policy's weights."""
+    """TR-DPO: every ref_model_update_steps optimizer steps the reference takes in the policy's weights; each
+    checkpoint keeps the reference it has reached, for the resume."""
 
     def __init__(self, trainer):
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
-        if args.ref_model_update_steps > 0 and state.global_step % args.ref_model_update_steps == 0:
+        if state.global_step % args.ref_model_update_steps == 0:
             self.trainer.reference.mix_in(self.trainer.model, args.ref_model_mixup_alpha)
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        save_reference_weights(self.trainer.reference.model, folder)
 
 
 class PreferenceTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):

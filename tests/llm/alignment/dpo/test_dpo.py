@@ -124,15 +124,19 @@ def test_tr_dpo_moves_the_reference_to_the_policy(tiny_world, tmp_path):
     assert abs(train_log(tmp_path / "plain", "rewards/margins")[-1]) > 1e-3
 
 
-def test_a_resumed_run_ends_with_the_weights_of_the_uninterrupted_run(tiny_world, tmp_path):
-    changes = {"max_steps": 4, "save_strategy": "steps", "save_steps": 2}
+def test_a_resumed_run_ends_with_the_weights_of_the_uninterrupted_run_and_its_reference(tiny_world, tmp_path):
+    changes = {"max_steps": 4, "save_strategy": "steps", "save_steps": 2, "overwrite_output_dir": False,
+               "ref_model_update_steps": 1, "ref_model_mixup_alpha": 0.5, "learning_rate": 1e-2}
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
     train_dpo_process(tiny_world, straight, **changes)
     shutil.copytree(straight / "checkpoint-2", crashed / "checkpoint-2")
-    train_dpo_process(tiny_world, crashed, resume_from_checkpoint=crashed / "checkpoint-2", **changes)
+    # The command run again finds its output_dir's last checkpoint; TR-DPO's reference (moved halfway to the
+    # policy after each step) comes back with it.
+    train_dpo_process(tiny_world, crashed, **changes)
     resumed, uninterrupted = weights(str(crashed)), weights(str(straight))
     for name, value in uninterrupted.items():
         np.testing.assert_array_equal(resumed[name], value, err_msg=name)
+    assert train_log(crashed, "loss") == train_log(straight, "loss")[2:]
 
 
 def test_greedy_zero_padding_packs_several_pairs_into_each_row(tiny_world, tmp_path):

@@ -9,6 +9,8 @@ import pytest
 from paddlenlp.trainer.trainer_utils import ShardingOption
 
 from helpers import REPO_ROOT, BASE, parse
+from llm.alignment.dpo.run_dpo import ARGUMENT_CLASSES as DPO_ARGUMENTS
+from llm.alignment.kto.run_kto import ARGUMENT_CLASSES as KTO_ARGUMENTS
 from llm.alignment.rm.run_reward import ARGUMENT_CLASSES as REWARD_ARGUMENTS
 from llm.run_finetune import ARGUMENT_CLASSES as FINETUNE_ARGUMENTS
 from llm.tools.build_real_model import real_config
@@ -199,7 +201,8 @@ SINGLE_CPU_PROCESS = {
 def test_every_shipped_config_parses(path):
     """Each config file is valid for its entry point, and a GPU config's parallel layout for 8 GPUs."""
     name = os.path.basename(path)
-    classes = FINETUNE_ARGUMENTS if name.startswith("sft_") else REWARD_ARGUMENTS if name.startswith("rm_") else ARGUMENT_CLASSES
+    prefixes = {"sft_": FINETUNE_ARGUMENTS, "rm_": REWARD_ARGUMENTS, "dpo_": DPO_ARGUMENTS, "kto_": KTO_ARGUMENTS}
+    classes = next((c for prefix, c in prefixes.items() if name.startswith(prefix)), ARGUMENT_CLASSES)
     parsed = parse_arguments([path, *[t for key, value in SINGLE_CPU_PROCESS.items() for t in (f"--{key}", value)]], classes)
     assert len(parsed) == 3
     with open(path) as f:

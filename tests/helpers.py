@@ -200,6 +200,24 @@ def train_reward_model(world, output_dir, processes=1, **changes):
         return json.load(f)
 
 
+def preference_argv(world, output_dir, kind, **changes):
+    """run_dpo's (`kind` "dpo") or run_kto's ("kto") command line on the world's data with config/tiny/KIND_argument.json:
+    3 steps of 16, a log every step, evaluation at the end."""
+    values = {
+        "model_name_or_path": world["model"], "train_dataset_path": world[f"{kind}_train"], "dev_dataset_path": world[f"{kind}_eval"],
+        "output_dir": str(output_dir), "logging_dir": os.path.join(str(output_dir), "vdl"), "max_steps": 3,
+        "per_device_train_batch_size": 16, "per_device_eval_batch_size": 64, "logging_steps": 1, "eval_steps": 1000,
+        **changes,
+    }
+    config = os.path.join(REPO_ROOT, "config", "tiny", f"{kind}_argument.json")
+    return [config] + [token for key, value in values.items() for token in (f"--{key}", str(value))]
+
+
+def train_log(output_dir, name):
+    """The values of a training metric of a run (one a step with logging_steps 1), from its VisualDL logs."""
+    return logged(os.path.join(str(output_dir), "vdl"), f"train/{name}")
+
+
 RUN_PPO = os.path.join(REPO_ROOT, "llm", "alignment", "ppo", "run_ppo.py")
 RUN_REWARD = os.path.join(REPO_ROOT, "llm", "alignment", "rm", "run_reward.py")
 RUN_FINETUNE = os.path.join(REPO_ROOT, "llm", "run_finetune.py")

@@ -154,6 +154,11 @@ def sum_over_data_ranks(tensor, what="batch statistics"):
     return total / copies_of_each_batch()
 
 
+def mean_over_data_ranks(tensor, what="batch statistics"):
+    """The mean of `tensor` (`what`, for the watchdog's messages) over the data ranks (sum_over_data_ranks / ranks)."""
+    return sum_over_data_ranks(tensor, what) / data_parallel_rank_and_size()[1]
+
+
 def copies_of_each_batch():
     """How many ranks hold each data rank's batch: its tensor- and pipeline-parallel ranks (1 without them)."""
     return dist.get_world_size() // data_parallel_rank_and_size()[1]

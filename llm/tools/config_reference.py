@@ -129,7 +129,7 @@ def reference():
                  "([preference.md](preference.md)).\n")
     parts += [section(title, cls, ALIASES) for title, cls in (
         ("Model", PreferenceModelArgument), ("Data", PreferenceDataArgument), ("Reference", ReferenceArguments),
-        ("Benchmark runs", PreferenceTrainingArguments), ("DPO loss (run_dpo.py)", DPOTrainingArguments),
+        ("Shared by DPO and KTO", PreferenceTrainingArguments), ("DPO loss (run_dpo.py)", DPOTrainingArguments),
         ("KTO loss (run_kto.py)", KTOTrainingArguments),
     )]
     parts.append("\n## run_finetune.py: SFT\n\nBesides paddlenlp's keys below.\n")

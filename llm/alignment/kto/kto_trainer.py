@@ -6,12 +6,12 @@ import paddle
 
 from paddle_alignment.algos import UNPAIRED_PREFERENCE_LOSSES
 from paddle_alignment.algos.preference import kl_baseline
-from paddle_alignment.distributed import data_parallel_rank_and_size, sum_over_data_ranks
+from paddle_alignment.distributed import mean_over_data_ranks
 from paddle_alignment.preference.trainer import PreferenceTrainer, mean_of
 
 
-def mean_over_data_ranks(value):
-    return sum_over_data_ranks(value.reshape([1]), "the KL baseline")[0] / data_parallel_rank_and_size()[1]
+def kl_over_ranks(kl):
+    return mean_over_data_ranks(kl.reshape([1]), "the KL baseline")[0]
 
 
 class KTOTrainer(PreferenceTrainer):
@@ -27,7 +27,7 @@ class KTOTrainer(PreferenceTrainer):
         reference, kl_reference = reference_logps[:count], reference_logps[count:]
         # Training averages the baseline over the data ranks (TRL); evaluation takes each batch's own, as the ranks'
         # shares of the held-out rows may make different numbers of batches.
-        over_ranks = mean_over_data_ranks if self.model.training else None
+        over_ranks = kl_over_ranks if self.model.training else None
         kl = kl_baseline(kl_responses, kl_reference, over_ranks) if self.uses_kl else paddle.zeros([])
         desirable = inputs["desirable"]
         good, bad = paddle.nonzero(desirable).flatten(), paddle.nonzero(~desirable).flatten()

@@ -95,11 +95,12 @@ class ReferenceArguments:
 
 @dataclass
 class PreferenceTrainingArguments(ReferenceArguments, ModelKernelArguments, TrainingArguments):
-    """paddlenlp's TrainingArguments with the reference's keys, PaddleNLP's model-kernel switches and its benchmark
-    switches."""
+    """paddlenlp's TrainingArguments with the reference's keys, PaddleNLP's model-kernel switches, its benchmark
+    switches and the loss's beta (DPO's and KTO's alike)."""
 
     autotuner_benchmark: bool = field(default=False, metadata={"help": "PaddleNLP's benchmark run: 5 steps, no evaluation, checkpoints or reports."})
     benchmark: bool = field(default=False, metadata={"help": "PaddleNLP's timing run: a log line every step, no evaluation, checkpoints or saved model."})
+    beta: float = field(default=0.1, metadata={"help": "Strength of the reference: the temperature of the implicit reward beta x log(policy / reference)."})
 
     def __post_init__(self):
         check_launch_layout(self)
@@ -111,6 +112,8 @@ class PreferenceTrainingArguments(ReferenceArguments, ModelKernelArguments, Trai
             self.load_best_model_at_end, self.logging_steps = False, 1
         super().__post_init__()
         self.evaluation_strategy = getattr(self.evaluation_strategy, "value", self.evaluation_strategy)
+        if self.beta <= 0:
+            raise ValueError(f"beta must be positive, got {self.beta}")
         if self.lora and self.tensor_parallel_degree > 1:
             raise ValueError(
                 f"lora with tensor_parallel_degree={self.tensor_parallel_degree}: the tensor-parallel plan splits the base "
@@ -123,7 +126,6 @@ class DPOTrainingArguments(PreferenceTrainingArguments):
     """Parameters that control the DPO loss (PaddleNLP's DPOConfig keys)."""
 
     loss_type: str = field(default="sigmoid", metadata={"help": "Preference loss: " + ", ".join(PREFERENCE_LOSSES.names()) + " (docs/preference.md)."})
-    beta: float = field(default=0.1, metadata={"help": "Strength of the reference: the temperature of the implicit reward beta x log(policy / reference)."})
     label_smoothing: float = field(default=0.0, metadata={"help": "Share of pairs taken as mislabelled (cDPO with sigmoid, rDPO with robust; EXO's epsilon)."})
     simpo_gamma: float = field(default=0.5, metadata={"help": "SimPO's target reward margin."})
     dpop_lambda: float = field(default=50.0, metadata={"help": "DPO-Positive's weight of the penalty on a chosen likelihood below the reference's."})
@@ -133,8 +135,6 @@ class DPOTrainingArguments(PreferenceTrainingArguments):
     def __post_init__(self):
         super().__post_init__()
         PREFERENCE_LOSSES.traits(self.loss_type)  # raises naming the choices
-        if self.beta <= 0:
-            raise ValueError(f"beta must be positive, got {self.beta}")
         smoothing_limit = 0.5 if self.loss_type == "robust" else 1.0
         if not 0 <= self.label_smoothing < smoothing_limit:
             raise ValueError(f"label_smoothing must lie in [0, {smoothing_limit}) for loss_type={self.loss_type}, got {self.label_smoothing}")
@@ -156,15 +156,12 @@ class KTOTrainingArguments(PreferenceTrainingArguments):
     """Parameters that control the KTO loss (PaddleNLP's KTOConfig keys)."""
 
     loss_type: str = field(default="kto", metadata={"help": "Unpaired preference loss: " + ", ".join(UNPAIRED_PREFERENCE_LOSSES.names()) + "."})
-    beta: float = field(default=0.1, metadata={"help": "Strength of the reference: the temperature of the implicit reward."})
     desirable_weight: float = field(default=1.0, metadata={"help": "Weight of the desirable responses' losses (raise it when they are fewer)."})
     undesirable_weight: float = field(default=1.0, metadata={"help": "Weight of the undesirable responses' losses."})
 
     def __post_init__(self):
         super().__post_init__()
         UNPAIRED_PREFERENCE_LOSSES.traits(self.loss_type)
-        if self.beta <= 0:
-            raise ValueError(f"beta must be positive, got {self.beta}")
         if self.desirable_weight <= 0 or self.undesirable_weight <= 0:
             raise ValueError("desirable_weight and undesirable_weight must be positive")
         if self.reference_free:

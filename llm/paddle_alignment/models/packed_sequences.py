@@ -108,18 +108,11 @@ def pack_groups(groups, pad_token_id, row_tokens=0, rows=None):
             offset += n
         mask[r, np.arange(offset, width), np.arange(offset, width)] = True  # padding sees itself: no empty softmax row
     sequences = range(len(predictor_of))
-    flat_ids = ids.reshape(-1)
     label_positions = np.concatenate([predictor_of[s] for s in sequences]).astype("int64")
-    labels = np.concatenate([[flat_ids[p + 1] for p in predictor_of[s][:-1]] + [last_token(groups, s, count)] for s in sequences])
+    labels = np.concatenate([groups[s % count][1][s // count] for s in sequences])  # each reply's own tokens
     sequence_ids = np.concatenate([[s] * len(predictor_of[s]) for s in sequences]).astype("int32")
     lengths = np.asarray([len(predictor_of[s]) for s in sequences], dtype="float32")
     return PackedBatch(*(paddle.to_tensor(a) for a in (ids, positions, mask, label_positions, labels.astype("int64"), sequence_ids, lengths)))
-
-
-def last_token(groups, sequence, count):
-    """The last token of a reply, which the row never holds as an input (nothing is predicted from it)."""
-    _, replies = groups[sequence % count]
-    return replies[sequence // count][-1]
 
 
 @dataclass

@@ -2,7 +2,6 @@
 (PaddleNLP's and TRL's default), the policy with its LoRA adapters off, or precomputed once over the data set and
 kept on disk (TRL's precompute_ref_log_probs, here cached across runs)."""
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -18,22 +17,11 @@ from paddle_alignment.models.lora_utils import adapters_disabled
 from paddle_alignment.models.packed_sequences import pack_groups, packed_sequence_stats
 from paddle_alignment.models.tensor_parallel import is_dist_tensor, local_value
 from paddle_alignment.preference.batches import group_batches, group_of, sequence_order
+from paddle_alignment.rollout.decode import eval_mode
 
 logger = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1
-
-
-@contextlib.contextmanager
-def evaluating(model):
-    """`model` in eval mode inside (no dropout), back to its mode after."""
-    training = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        if training:
-            model.train()
 
 
 class Reference:
@@ -53,7 +41,7 @@ class Reference:
             raise RuntimeError("the reference log-probs were precomputed, but this batch came without them")
         self.forwards += 1
         if self.model is None:
-            with evaluating(policy), adapters_disabled(policy):
+            with eval_mode(policy), adapters_disabled(policy):
                 return packed_sequence_stats(policy, batch, self.chunk_tokens).logp_sums
         return packed_sequence_stats(self.model, batch, self.chunk_tokens).logp_sums
 

@@ -11,23 +11,16 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import REPO_ROOT, launch_two_processes, logged, weights
+from helpers import REPO_ROOT, launch_two_processes, preference_argv, train_log, weights
 from llm.alignment.dpo import run_dpo
 from paddle_alignment.algos import PREFERENCE_LOSSES
 from paddle_alignment.preference.runs import run
 
-DPO_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "dpo_argument.json")
 RUN_DPO = os.path.join(REPO_ROOT, "llm", "alignment", "dpo", "run_dpo.py")
 
 
 def dpo_argv(world, output_dir, **changes):
-    values = {
-        "model_name_or_path": world["model"], "train_dataset_path": world["dpo_train"], "dev_dataset_path": world["dpo_eval"],
-        "output_dir": str(output_dir), "logging_dir": os.path.join(str(output_dir), "vdl"), "max_steps": 3,
-        "per_device_train_batch_size": 16, "per_device_eval_batch_size": 64, "logging_steps": 1, "eval_steps": 1000,
-        **changes,
-    }
-    return [DPO_CONFIG] + [token for key, value in values.items() for token in (f"--{key}", str(value))]
+    return preference_argv(world, output_dir, "dpo", **changes)
 
 
 def train_dpo(world, output_dir, **changes):
@@ -43,11 +36,6 @@ def train_dpo_process(world, output_dir, **changes):
     argv = dpo_argv(world, output_dir, **changes)
     result = subprocess.run([sys.executable, RUN_DPO, *argv], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
-
-
-def train_log(output_dir, name):
-    """The values of a training metric, one a step (logging_steps 1), from the run's VisualDL logs."""
-    return logged(os.path.join(str(output_dir), "vdl"), f"train/{name}")
 
 
 def eval_results(output_dir):

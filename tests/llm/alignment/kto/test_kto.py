@@ -8,32 +8,21 @@ import os
 import numpy as np
 import pytest
 
-from helpers import REPO_ROOT, launch_two_processes, logged
+from helpers import REPO_ROOT, launch_two_processes, preference_argv, train_log
 from llm.alignment.kto import run_kto
 from paddle_alignment.preference.runs import run
 
-KTO_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "kto_argument.json")
 RUN_KTO = os.path.join(REPO_ROOT, "llm", "alignment", "kto", "run_kto.py")
 
 
 def kto_argv(world, output_dir, **changes):
-    values = {
-        "model_name_or_path": world["model"], "train_dataset_path": world["kto_train"], "dev_dataset_path": world["kto_eval"],
-        "output_dir": str(output_dir), "logging_dir": os.path.join(str(output_dir), "vdl"), "max_steps": 3,
-        "per_device_train_batch_size": 16, "per_device_eval_batch_size": 64, "logging_steps": 1, "eval_steps": 1000,
-        **changes,
-    }
-    return [KTO_CONFIG] + [token for key, value in values.items() for token in (f"--{key}", str(value))]
+    return preference_argv(world, output_dir, "kto", **changes)
 
 
 def train_kto(world, output_dir, **changes):
     trainer = run_kto.build_trainer(kto_argv(world, output_dir, **changes))
     run(trainer)
     return trainer
-
-
-def train_log(output_dir, name):
-    return logged(os.path.join(str(output_dir), "vdl"), f"train/{name}")
 
 
 def eval_results(output_dir):

@@ -46,17 +46,21 @@ def hybrid_parallel_step(optimizer):
     """fleet's HybridParallelOptimizer.step in its two halves, returning the pre-clip gradient norm measured
     between them: under fleet hybrid parallel, gradients are reduced inside step(), not during backward,
     under sharding each to the sharding rank that updates the parameter. The norm is therefore each
-    sharding rank's own parameters' norm, squared and summed over the sharding group (as fleet's
-    HybridParallelClipGrad sums it)."""
+    sharding rank's own parameters' norm, squared and summed over the sharding group and the pipeline
+    stages, a weight shared by two stages (a tied embedding) counted once (as fleet's HybridParallelClipGrad
+    sums it)."""
     parameters = list(obtain_optimizer_parameters_list(optimizer._inner_opt))
     optimizer._hybrid_sync_grad(parameters)
     hcg = optimizer._hcg
+    counted = [parameter for parameter in parameters if getattr(parameter, "is_firstly_shared", True)]
+    groups = []
     if hcg.get_sharding_parallel_world_size() > 1:
-        own = optimizer._inner_opt.filter_parameters(parameters, hcg)
-        square = paddle.to_tensor(gradient_norm(own) ** 2, dtype="float64")
-        dist.all_reduce(square, group=hcg.get_sharding_parallel_group())
-        grad_norm = float(square.sqrt())
-    else:
-        grad_norm = gradient_norm(parameters)
+        counted = optimizer._inner_opt.filter_parameters(counted, hcg)
+        groups.append(hcg.get_sharding_parallel_group())
+    if hcg.get_pipe_parallel_world_size() > 1:
+        groups.append(hcg.get_pipe_parallel_group())
+    square = paddle.to_tensor(gradient_norm(counted) ** 2, dtype="float64")
+    for group in groups:
+        dist.all_reduce(square, group=group)
     optimizer._step(parameters)
-    return grad_norm
+    return float(square.sqrt())

@@ -108,7 +108,8 @@ def rank_holdings(trainer):
 
 if __name__ == "__main__":
     trainer, exp, metrics = first_steps_metrics(sys.argv[2:])
-    weights = weight_digest(trainer.model)
+    # Under pipeline parallel the whole actor, which took the stages' weights after the update.
+    weights = weight_digest(trainer.whole_models[0] if trainer.whole_models else trainer.model)
     with open(f"{sys.argv[1]}.rank{paddle.distributed.get_rank()}", "w") as f:
         json.dump({"response_tokens": float(exp.response_mask.sum()), "chunked_head_passes": len(CHUNKED_PASSES)} | rank_holdings(trainer), f)
     if trainer.is_world_process_zero():

@@ -26,7 +26,7 @@ from paddle_alignment.agents.trajectories import called_tools, turn_metrics
 from paddle_alignment.algos.advantages import AdvantageEstimation
 from paddle_alignment.algos.losses import LossScale
 from paddle_alignment.algos.masked import masked_mean
-from paddle_alignment.algos.metrics import explained_variance, is_maximum, rlhf_objective_metrics, score_part_metrics
+from paddle_alignment.algos.metrics import explained_variance, rlhf_objective_metrics, score_part_metrics
 from paddle_alignment.algos.reward_shaping import groups_with_reward_variance, shape_rewards
 from paddle_alignment.algos.schedules import build_lr_scheduler
 from paddle_alignment.checkpoints import saving as checkpoint_io
@@ -51,26 +51,29 @@ from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObject
 from paddle_alignment.models.score_model_utils import RunningMeanStd
 from paddle_alignment.offload import OffloadPlan
 from paddle_alignment.optimizer_step import step_optimizer
+from paddle_alignment.pipeline_parallel import seed_stages_alike
 from paddle_alignment.rollout import ColocatedRollout, RolloutTiming
 from paddle_alignment.rollout.decode import draw_seed
 from paddle_alignment.rollout.worker import ExperienceNeeds, RolloutWorker
 from paddle_alignment.split_training import SplitModelMixin
+from paddle_alignment.update_metrics import UpdateMetrics
 
-
-def token_weighted_means(sums):
-    """{key: sum / count} of the "key:sum" and "key:count" totals in `sums`, for the keys with a count."""
-    keys = [key[: -len(":sum")] for key in sums if key.endswith(":sum")]
-    return {key: sums[f"{key}:sum"] / sums[f"{key}:count"] for key in keys if sums[f"{key}:count"] > 0}
+from llm.alignment.ppo.pipeline_update import PipelineUpdate
 
 
 class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
     def __init__(
         self, model, reference_model, tokenizer, args, train_dataset, eval_dataset, reward_scorer,
         critic_model=None, ptx_dataset=None, lora_save_merged=False, export_hf=False, rollout=ColocatedRollout,
+        whole_models=None,
     ):
         """`rollout`: the engine (rollout/engines.py), called with the worker over this trainer's models; the
-        default samples each batch in this process."""
+        default samples each batch in this process. `whole_models`: under pipeline parallel, where `model`
+        and `critic_model` are this rank's pipeline stages, the whole (actor, critic) the rollout runs on."""
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, tokenizer=tokenizer)
+        seed_stages_alike(args.seed)  # after paddlenlp's Trainer seeded each pipeline stage apart again
+        self.whole_models = whole_models
+        rollout_actor, rollout_critic = whole_models or (model, critic_model)
         self.reference_model = reference_model
         self.reward_scorer = reward_scorer
         # A judge's rows without a readable verdict leave the batch (rewards/judge.py); other sources score every row.
@@ -80,7 +83,7 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         self.lora_save_merged = lora_save_merged
         self.export_hf = export_hf
         self.rollout = rollout(RolloutWorker(
-            args, model, tokenizer, reward_scorer, reference_model, critic_model,
+            args, rollout_actor, tokenizer, reward_scorer, reference_model, rollout_critic,
             ExperienceNeeds.for_trainer(args, critic_model), autocast=self.autocast_smart_context_manager,
         ))
         watchdog.WATCHDOG.configure(args.watchdog_timeout)
@@ -97,17 +100,18 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
     def run_state(self):
         """What this run's checkpoints hold, handed to checkpoints/saving.py."""
         trained = [checkpoint_io.TrainedModel("policy", self.model, self.model_wrapped, self.optimizer, self.lr_scheduler)]
-        finals = [checkpoint_io.FinalModel("policy", self.model)]
+        actor, critic = self.whole_models or (self.model, self.critic)
+        finals = [checkpoint_io.FinalModel("policy", actor)]
         if self.critic is not None:
             trained.append(checkpoint_io.TrainedModel(
                 "value", self.critic, getattr(self, "critic_wrapped", self.critic), self.critic_optimizer,
                 self.critic_lr_scheduler, checkpoint_io.CRITIC_OPTIMIZER_NAME, checkpoint_io.CRITIC_SCHEDULER_NAME,
             ))
-            finals.append(checkpoint_io.FinalModel("value", self.critic))
+            finals.append(checkpoint_io.FinalModel("value", critic))
         if self.lora_save_merged:
             finals.append(checkpoint_io.FinalModel("policy_merged", self.model, merge_lora=True))
         if self.export_hf:
-            finals.append(checkpoint_io.FinalModel("policy_hf", self.model, is_lora(self.model), hf_layout=True))
+            finals.append(checkpoint_io.FinalModel("policy_hf", actor, is_lora(actor), hf_layout=True))
         return checkpoint_io.RunState(
             self.args, self.state, self.tokenizer, trained, finals,
             stateful={"reward_normalizer": self.reward_normalizer} if self.reward_normalizer is not None else {},
@@ -275,6 +279,9 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
             self.create_critic_optimizer(num_steps)
             self.critic_wrapped, self.critic_optimizer = self.wrap_with_optimizer(self.critic, self.critic_optimizer)
             measure_gradient_norm(self.critic_wrapped, self.critic_optimizer)
+        self.pipeline = self.pipeline_update() if self.whole_models else None
+        if self.pipeline is not None:  # fleet gave every data rank the first one's stages: so are the whole models
+            self.pipeline.move_weights()
         start_step = 0
         if resume_from_checkpoint:
             start_step, position = checkpoint_io.load_checkpoint(self.run_state(), resume_from_checkpoint)
@@ -293,6 +300,17 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
             self.ptx_batches = self.endless_batches("ptx", self.ptx_dataset, self.args.per_device_train_batch_size, collate)
         return start_step
 
+    def pipeline_update(self):
+        """The update of pipeline stages, and the weight move into the whole models after it."""
+        actor, critic = self.whole_models
+        policy = PipelineUpdate.policy_part(self.model, self.model_wrapped, self.optimizer, self.lr_scheduler, actor)
+        value = None
+        if self.critic is not None:
+            value = PipelineUpdate.critic_part(
+                self.critic, self.critic_wrapped, self.critic_optimizer, self.critic_lr_scheduler, critic
+            )
+        return PipelineUpdate(self.args, policy, value)
+
     def rl_step(self, batches):
         started = time.time()
         exp, generation = self.make_experience(batches)
@@ -300,6 +318,8 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         exp.advantages, exp.returns = self.advantages(exp, sum_over_data_ranks)
         with self.offload.on_device("train_model", "optimizer"):
             train_stats = self.update(exp)
+        if self.pipeline is not None:
+            train_stats["weight_move_seconds"] = self.pipeline.move_weights()
         metrics = self.rollout_metrics(exp, generation) | train_stats
         metrics["step_time"] = time.time() - started
         metrics["eps"] = len(exp) * data_parallel_rank_and_size()[1] / metrics["step_time"]
@@ -384,13 +404,13 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
     def update(self, exp):
         """`update_iters` passes over micro-batches, one optimizer step of the actor (and critic) every
         `gradient_accumulation_steps`; each step's loss is averaged over the whole step (see LossScale).
-        Metrics: `loss/*` are each micro-batch's share of its step's loss, so their sums over a step and
-        mean over ranks are the step's loss, averaged over steps; a statistic given as (sum, count) is a mean over
-        every token of the step and the ranks; other statistics are micro-batch means."""
+        Metrics as UpdateMetrics reduces them."""
         args = self.args
         size, accumulate = args.per_device_train_batch_size, args.gradient_accumulation_steps
         self.model.train()
-        shares, means, maxima, ratios, count = {}, {}, {}, {}, 0
+        if self.pipeline is not None:
+            return self.pipeline.update(exp, self.loss_scales) | self.learning_rates()
+        statistics = UpdateMetrics()
         grad_norms = {"grad_norm": [], "critic_grad_norm": []}
         # Each optimizer step takes the rows of `accumulate` micro-batches of `size` rows in rollout order,
         # which micro_batches.py then splits by their tokens.
@@ -412,29 +432,22 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
                 stats = self.backward(self.model_wrapped, self.policy_loss, micro, scale, steps_now)
                 if self.critic is not None:
                     stats |= self.backward(self.critic_wrapped, self.value_loss, micro, scale, steps_now)
-                for key, value in stats.items():
-                    if isinstance(value, tuple):  # (sum, count): a token-weighted mean over the whole step
-                        ratios[f"{key}:sum"] = ratios.get(f"{key}:sum", 0.0) + float(value[0])
-                        ratios[f"{key}:count"] = ratios.get(f"{key}:count", 0.0) + float(value[1])
-                    elif is_maximum(key):
-                        maxima[key] = max(maxima.get(key, -math.inf), float(value))
-                    else:
-                        pool = shares if key.startswith("loss/") else means
-                        pool[key] = pool.get(key, 0.0) + float(value)
-                count += 1
+                statistics.add(stats)
             grad_norms["grad_norm"].append(step_optimizer(self.model, self.optimizer, self.lr_scheduler))
             if self.critic is not None:
                 critic_norm = step_optimizer(self.critic, self.critic_optimizer, self.critic_lr_scheduler)
                 grad_norms["critic_grad_norm"].append(critic_norm)
-        metrics = mean_over_ranks({k: v / len(steps) for k, v in shares.items()} | {k: v / count for k, v in means.items()}, "update metrics")
-        metrics |= all_reduce_scalars(maxima, op=dist.ReduceOp.MAX, what="update metrics")
-        metrics |= token_weighted_means(all_reduce_scalars(ratios, what="update metrics"))
+        metrics = statistics.reduced(len(steps))
         metrics |= {name: float(np.mean(norms)) for name, norms in grad_norms.items() if norms}
-        metrics["lr"] = self.lr_scheduler.get_lr()
-        if self.critic is not None:
-            metrics["critic_lr"] = self.critic_lr_scheduler.get_lr()
+        metrics |= self.learning_rates()
         metrics["update_padding_ratio"] = computed_tokens / max(real_tokens, 1)
         return metrics
+
+    def learning_rates(self):
+        rates = {"lr": self.lr_scheduler.get_lr()}
+        if self.critic is not None:
+            rates["critic_lr"] = self.critic_lr_scheduler.get_lr()
+        return rates
 
     def loss_scales(self, response_mask, steps):
         """The LossScale of each optimizer step (a list of its rows): its response tokens and responses,

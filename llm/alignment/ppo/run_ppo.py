@@ -18,6 +18,7 @@ configure_cpu_runtime()  # MKL's code path and threads for this CPU, before padd
 import paddle
 from paddlenlp.trainer import set_seed
 
+from llm.alignment.ppo.models.model_pp import pipeline_stages
 from llm.alignment.ppo.ppo_trainer import PPOTrainer
 from paddle_alignment.agents.environments import environment_path
 from paddle_alignment.agents.tools import load_tools
@@ -27,6 +28,7 @@ from paddle_alignment.data import PromptOnlyDataset, SupervisedDataset
 from paddle_alignment.distributed import finish_distributed_run
 from paddle_alignment.models.loading import load_tokenizer
 from paddle_alignment.models.rl_models import load_rl_models
+from paddle_alignment.pipeline_parallel import seed_stages_alike
 from paddle_alignment.rewards.scoring import build_reward_scorer, reference_checker
 from paddle_alignment.rollout import ColocatedRollout
 from paddle_alignment.rollout.decode import greedy_responses
@@ -49,8 +51,15 @@ def build_trainer(argv):
     resolve_resume_checkpoint(training_args, training=training)
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
+    seed_stages_alike(training_args.seed)
     tokenizer = load_tokenizer(model_args.tokenizer_name_or_path or model_args.actor_model_name_or_path, training_args.eos_token)
     actor, reference, reward_model, critic = load_rl_models(model_args, training_args)
+    # Under pipeline parallel the actor and critic train as this rank's pipeline stages; the rollout, the
+    # behaviour log-probs and the values run on the whole models, which take the stages' weights after each update.
+    whole_models = None
+    if training_args.pipeline_parallel_degree > 1:
+        whole_models = (actor, critic)
+        actor, critic = pipeline_stages(actor, critic, training_args)
     columns = {"seed": training_args.seed, "prompt_key": data_args.prompt_key, "label_key": data_args.label_key}
     reward_tokenizer = load_tokenizer(model_args.reward_model_name_or_path) if reward_model is not None else None
     reward_scorer = build_reward_scorer(training_args, reward_model, reward_tokenizer, judge_decode=greedy_responses)
@@ -82,6 +91,7 @@ def build_trainer(argv):
         lora_save_merged=model_args.lora_save_merged,
         export_hf=model_args.export_hf,
         rollout=functools.partial(DecoupledRollout, training_args, argv) if training_args.rollout_mode == "decoupled" else ColocatedRollout,
+        whole_models=whole_models,
     )
 
 

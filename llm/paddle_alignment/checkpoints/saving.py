@@ -51,6 +51,7 @@ from paddle_alignment.group_sharded import gather_whole_weights
 from paddle_alignment.models.hf_layout import save_hf_folder
 from paddle_alignment.models.lora_utils import merged_state_dict
 from paddle_alignment.models.tensor_parallel import complete_state_dict, is_tensor_parallel
+from paddle_alignment.pipeline_parallel import is_pipeline_stage, save_stages
 from paddle_alignment.rewards.judge import check_judge_record, save_judge_record
 from paddle_alignment.rollout.engines import RolloutBatch
 
@@ -126,7 +127,11 @@ def save_model(model, folder, tokenizer, merge_lora=False, hf_layout=False):
     """`model` to `folder`, from_pretrained-loadable with the tokenizer beside it. Every rank calls this (the
     one place a model's weights are written); rank 0 writes. A tensor-parallel model's parts are gathered
     first, so the folder holds the whole model whatever the layout. `merge_lora`: a LoRA model's base
-    weights with the adapters folded in. `hf_layout`: written as Hugging Face ships models (hf_layout.py)."""
+    weights with the adapters folded in. `hf_layout`: written as Hugging Face ships models (hf_layout.py). A
+    pipeline stage writes its part of one loadable folder (pipeline_parallel.save_stages)."""
+    if is_pipeline_stage(model):
+        save_stages(model, folder, tokenizer)
+        return
     state = complete_state_dict(model) if is_tensor_parallel(model) else None
     if not is_first_rank():
         return

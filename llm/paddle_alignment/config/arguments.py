@@ -47,7 +47,11 @@ class RLTrainingArguments(
         self.evaluation_only = bool(self.do_eval and not self.do_train)
         self.apply_paddlenlp_switches()
         self.validate_scale_out()
+        # paddlenlp sets the eval batch to the pipeline's micro-batches under pipeline parallel; RL evaluates by
+        # decoding on the whole models, with the batch the config gives.
+        eval_batch_size = self.per_device_eval_batch_size
         super().__post_init__()
+        self.per_device_eval_batch_size = eval_batch_size
         self.lr_scheduler_type = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
         self.critic_lr_scheduler_type = getattr(self.critic_lr_scheduler_type, "value", self.critic_lr_scheduler_type)
         self.evaluation_strategy = getattr(self.evaluation_strategy, "value", self.evaluation_strategy)
@@ -163,6 +167,8 @@ def validate_across(parsed, given=None):
     if data_args and training_args:
         check_ptx(data_args, training_args)
         fit_prompts(data_args, training_args)
+    if model_args and data_args and training_args and training_args.pipeline_parallel_degree > 1:
+        check_pipeline_training(model_args, data_args, training_args)
     if training_args:
         note_keys_without_effect(training_args, given, data_args)
 
@@ -174,6 +180,15 @@ def check_ptx(data_args, training_args):
     if training_args.ptx_coeff > 0 and not data_args.ptx_datasets:
         logger.info(f"ptx_coeff={training_args.ptx_coeff} has no effect without ptx_datasets")
         training_args.ptx_coeff = 0.0
+
+
+def check_pipeline_training(model_args, data_args, training_args):
+    """What the pipeline-parallel policy and value models do not train yet: LoRA adapters and the ptx loss."""
+    degree = f"pipeline_parallel_degree={training_args.pipeline_parallel_degree}"
+    if model_args.lora:
+        raise ValueError(f"lora with {degree}: the pipeline stages train whole weights; train LoRA adapters with data parallel or sharding stage1")
+    if data_args.ptx_datasets:
+        raise ValueError(f"ptx_datasets with {degree}: the pipeline's loss is the policy objective alone; drop ptx_datasets or pipeline parallel")
 
 
 def fit_prompts(data_args, training_args):

@@ -64,7 +64,7 @@ class ParallelLayoutArguments:
 
     def validate_scale_out(self):
         """The parallel layout, offload groups and recompute granularities."""
-        check_launch_layout(self)
+        check_launch_layout(self, pipeline_parallel=True)
         self.switch_off_gpu_kernels(runs_on_accelerator(self))
         self.offload_level = " ".join(sorted(parse_offload_level(self.offload_level)))
         for key in ("recompute_granularity", "critic_recompute_granularity"):
@@ -129,16 +129,46 @@ def slices_weights(args):
     return "stage3" in sharding_stages(args.sharding) and args.tensor_parallel_degree <= 1
 
 
-def check_launch_layout(args):
+def check_launch_layout(args, pipeline_parallel=False):
     """`check_parallel_degrees` for this launch (its process count, whether it runs on an accelerator), after
-    refusing pipeline parallel, which neither the RL loop nor reward-model training drives yet."""
+    refusing pipeline parallel where the entry point does not run it (`pipeline_parallel`: RL does)."""
     if args.pipeline_parallel_degree > 1:
-        raise ValueError(
-            f"pipeline_parallel_degree={args.pipeline_parallel_degree}: training does not run pipeline-parallel "
-            "models yet (the pipe policy and value models of models/model_pp.py are checked single-stage only); "
-            "split large models with tensor_parallel_degree and sharding instead"
-        )
+        if not pipeline_parallel:
+            raise ValueError(
+                f"pipeline_parallel_degree={args.pipeline_parallel_degree}: this entry point does not run pipeline-"
+                "parallel models yet (run_ppo.py does); split large models with tensor_parallel_degree and sharding"
+            )
     check_parallel_degrees(args, paddle.distributed.get_world_size(), runs_on_accelerator(args))
+    if args.pipeline_parallel_degree > 1:
+        check_pipeline_layout(args)
+
+
+def check_pipeline_layout(args):
+    """What RL training under pipeline parallel composes with: data parallel; micro-batches whose widths change
+    from step to step (rollouts of varying lengths), so the stages exchange each micro-batch's shapes."""
+    if args.tensor_parallel_degree > 1:
+        raise ValueError(
+            f"pipeline_parallel_degree={args.pipeline_parallel_degree} with tensor_parallel_degree="
+            f"{args.tensor_parallel_degree}: the pipeline stages do not split over tensor-parallel ranks yet; "
+            "use pipeline and data parallel, or tensor parallel and sharding"
+        )
+    if sharding_stages(args.sharding):
+        raise ValueError(
+            f"pipeline_parallel_degree={args.pipeline_parallel_degree} with sharding={args.sharding}: pipeline stages "
+            "run with data parallel only yet"
+        )
+    options = str(args.pipeline_parallel_config or "").split()
+    for option in sorted(set(options) - PIPELINE_OPTIONS_KEPT):
+        logger.info(
+            f"pipeline_parallel_config {option} has no effect: the RL update runs fleet's 1F1B schedule and steps the "
+            "optimizer itself, each micro-batch's loss already its share of the step"
+        )
+    kept = [option for option in options if option in PIPELINE_OPTIONS_KEPT]
+    args.pipeline_parallel_config = " ".join(kept + ([] if "disable_p2p_cache_shape" in kept else ["disable_p2p_cache_shape"]))
+
+
+# paddlenlp's pipeline_parallel_config options that leave the RL update's schedule and step as they are.
+PIPELINE_OPTIONS_KEPT = {"disable_p2p_cache_shape", "disable_partial_send_recv"}
 
 
 def runs_on_accelerator(args):

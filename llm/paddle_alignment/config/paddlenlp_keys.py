@@ -28,7 +28,10 @@ ALIASES = {
     "context_parallel_size": "context_parallel_degree",
 }
 
-_SAME_LAYOUT = "rollout and evaluation run on the training layout (the tensor-parallel plan decodes on its shards)"
+_SAME_LAYOUT = (
+    "rollout and evaluation run on the training layout (the tensor-parallel plan decodes on its shards); under "
+    "pipeline parallel on a whole copy of the model on each rank (PaddleNLP's eval_mode single)"
+)
 _NO_DROPOUT = "the models train with the dropout their config.json sets (PaddleNLP's RL default is none)"
 _NO_TOKENIZER_SAMPLING = "prompts and labels are tokenized deterministically"
 _NO_EARLY_STOP = "a run goes to max_steps; there is no early stopping on evaluation metrics"
@@ -63,10 +66,11 @@ NO_EFFECT = {
     "stage": "the stage is the entry point (run_ppo.py for RL, run_reward.py for reward models)",
     "chat_template": "prompts are used as written in prompt_key, as PaddleNLP's default chat_template 'none' does",
     "max_src_len": "PaddleNLP overwrites it with max_prompt_len, which is used here",
-    "virtual_pp_degree": "pipeline parallel is not run (pipeline_parallel_degree must be 1)",
+    "virtual_pp_degree": "each rank holds one pipeline stage (no interleaved virtual stages)",
     "per_device_sample_batch_size": "an older PaddleNLP dynamic-sampling key: here the kept batch is "
     "global_batch_size (or per_device_prompt_batch_size) and the generated one global_gen_batch_size",
-    "dataloader_drop_last": "an RL step always takes a whole prompt batch; an epoch's last partial batch is dropped",
+    "dataloader_drop_last": "an RL step always takes a whole prompt batch; an epoch's last partial batch is dropped "
+    "(under pipeline parallel it drops the rollouts that do not fill a whole optimizer step of micro-batches)",
     "flash_mask": "preference rows are packed with a dense attention mask built from their layout (docs/preference.md)",
     "lazy": "preference data files are read whole at start (their bad rows refused before training)",
     "use_quick_lora": "LoRA layers run paddlenlp's standard implementation",

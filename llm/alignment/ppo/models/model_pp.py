@@ -32,7 +32,9 @@ from llm.alignment.ppo.models.pp_model_utils import (
     split_pipeline_inputs,
     value_labels,
 )
+from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective
 from paddle_alignment.models.score_model import apply_score_config, refuse_sequence_parallel
+from paddle_alignment.pipeline_parallel import pipe_from_whole
 
 LM_HEAD_PREFIX = "lm_head"
 SCORE_HEAD_PREFIX = "score_head"
@@ -139,3 +141,13 @@ def policy_pipe_class(config):
 def value_pipe_class(config):
     """The value pipe for a plain causal LM's or score model's config (by `model_type`)."""
     return pipe_class(VALUE_PIPES, config)
+
+
+def pipeline_stages(actor, critic, args):
+    """This rank's pipeline stages of the loaded `actor` and `critic` (None without one), holding their
+    weights, their pipeline losses the run's policy and value objectives."""
+    policy = pipe_from_whole(policy_pipe_class(actor.config), actor, PolicyObjective.from_args(args))
+    value = None
+    if critic is not None:
+        value = pipe_from_whole(value_pipe_class(critic.config), critic, ValueObjective.from_args(args))
+    return policy, value

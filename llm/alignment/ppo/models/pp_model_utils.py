@@ -16,15 +16,19 @@ Packing. A micro-batch is a dict of the experience's tensors (`policy_micro_batc
 
     input_ids [b, P+R] int64, attention_mask [b, P+R] (prompt left-padded, response right-padded),
     response_mask [b, R]; policy: rollout_logprobs, old_logprobs, ref_logprobs, advantages [b, R];
-    value: old_values, returns [b, R]
+    value: old_values, returns [b, R]; both: loss_scale [b, 4] (`loss_scale_entry`: the optimizer step's
+    LossScale, so that each micro-batch's loss is its share of the step's as in the trainer's update, times
+    the accumulation steps that fleet divides each micro-batch's loss by; None: each micro-batch its own
+    step, its losses averaged)
 
 `split_pipeline_inputs` (the pipes' `_prepare_pipeline_inputs_func`) turns one micro-batch dict, which
 fleet then cuts into micro-batches along the batch axis, or a list of them (one per accumulation step, the
 form paddlenlp's Trainer uses), into `[first_stage_inputs, labels]`:
 
     first stage: (input_ids, attention_mask as bool, None, position_ids)
-    labels, policy: (response labels, old_logprobs, ref_logprobs, advantages, response_mask, rollout_logprobs)
-    labels, value:  (old_values, returns, response_mask)
+    labels, policy: (response labels, old_logprobs, ref_logprobs, advantages, response_mask, rollout_logprobs,
+                     loss_scale)
+    labels, value:  (old_values, returns, response_mask, loss_scale)
 
 with a list of micro-batches each entry becomes a list with one tensor per micro-batch. The first-stage
 tuple follows paddlenlp's pipe layers, (input_ids, attention_mask, attn_mask_startend_row_indices,
@@ -32,8 +36,8 @@ position_ids); the mask is bool because on GPU paddlenlp's Llama pipe reads an i
 mask slot as position ids. The response labels are the last R input ids, so the loss layers take the
 logits predicting them as `logits[:, -R-1:-1]`, the trainer's `logits[:, P-1:-1]`.
 
-Absent tensors. `old_logprobs` None (on-policy), `ref_logprobs` None (no KL term) or `rollout_logprobs` None
-(not recorded: generate() decoding) travel as zero-width
+Absent tensors. `old_logprobs` None (on-policy), `ref_logprobs` None (no KL term), `rollout_logprobs` None
+(not recorded: generate() decoding) or `loss_scale` None travel as zero-width
 float32 tensors [b, 0], so the labels are always the same tuple of tensors: what a trainer broadcasts to
 the other ranks of a stage goes through Paddle collectives, which move tensors only, and a [b, 0] tensor is
 cut along the batch axis like the others while carrying no data. The loss layers read width 0 as None.
@@ -49,7 +53,7 @@ import paddle.nn.functional as F
 from paddle import nn
 from paddlenlp.utils.log import logger
 
-from paddle_alignment.algos.metrics import is_maximum
+from paddle_alignment.algos.losses import LossScale
 from paddle_alignment.algos.token_stats import position_ids_from_mask
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask")  # [b, P+R]; every other key of a micro-batch is [b, R]
@@ -65,6 +69,7 @@ def policy_micro_batch(exp):
         "ref_logprobs": exp.ref_logprobs,
         "advantages": exp.advantages,
         "rollout_logprobs": exp.rollout_logprobs,
+        "loss_scale": None,
     }
 
 
@@ -76,7 +81,24 @@ def value_micro_batch(exp):
         "response_mask": exp.response_mask,
         "old_values": exp.values,
         "returns": exp.returns,
+        "loss_scale": None,
     }
+
+
+def loss_scale_entry(scale, rows, accumulate_steps):
+    """A step's LossScale as the [rows, 4] float32 `loss_scale` of its micro-batches: (tokens, sequences,
+    ranks, accumulate_steps)."""
+    row = [float(scale.tokens), float(scale.sequences), float(scale.ranks), float(accumulate_steps)]
+    return paddle.to_tensor([row] * rows, dtype="float32")
+
+
+def step_share(entry, response_budget):
+    """(LossScale, accumulate_steps) of a `loss_scale` entry; (None, 1) for a zero-width one (the micro-batch
+    is its own step, and its loss is left as fleet averages it)."""
+    if entry.shape[-1] == 0:
+        return None, 1
+    tokens, sequences, ranks, accumulate_steps = entry[0].numpy().tolist()
+    return LossScale(tokens, sequences, int(ranks), response_budget), accumulate_steps
 
 
 def micro_batch_groups(num_rows, micro_batch_size, accumulate_steps, drop_last):
@@ -166,12 +188,14 @@ def policy_labels(batch):
         batch["advantages"],
         batch["response_mask"],
         absent_as_empty(batch["rollout_logprobs"], batch_size),
+        absent_as_empty(batch.get("loss_scale"), batch_size),
     )
 
 
 def value_labels(batch):
-    """(old_values, returns, response_mask) of a value micro-batch."""
-    return (batch["old_values"], batch["returns"], batch["response_mask"])
+    """(old_values, returns, response_mask, loss_scale) of a value micro-batch."""
+    batch_size = batch["response_mask"].shape[0]
+    return (batch["old_values"], batch["returns"], batch["response_mask"], absent_as_empty(batch.get("loss_scale"), batch_size))
 
 
 def split_pipeline_inputs(inputs, labels_of):
@@ -186,39 +210,41 @@ def split_pipeline_inputs(inputs, labels_of):
 
 
 class StatsKeepingLoss(nn.Layer):
-    """A pipeline loss layer that keeps each micro-batch's statistics: fleet's `train_batch` returns only
-    the loss, so the trainer reads the rest with `pop_stats()` on the last stage after the call."""
+    """A pipeline loss layer that keeps each micro-batch's statistics: fleet's pipeline returns only the
+    loss, so the trainer reads the rest with `pop_stats()` on the last stage after the step."""
 
-    def __init__(self):
+    def __init__(self, objective):
         super().__init__()
+        self.objective = objective
         self.recorded_stats = []
 
     def record(self, stats):
-        self.recorded_stats.append({key: value.detach() for key, value in stats.items()})
+        self.recorded_stats.append({key: detached(value) for key, value in stats.items()})
 
     def pop_stats(self):
-        """{name: mean (max for a maximum, see is_maximum) over the micro-batches since the last call} as
-        floats; empty off the last stage."""
+        """The statistics of each micro-batch since the last call, as the objective gave them (floats, and
+        (sum, count) pairs of floats); empty off the last stage."""
         recorded, self.recorded_stats = self.recorded_stats, []
-        if not recorded:
-            return {}
-        combined = {}
-        for key in recorded[0]:
-            values = paddle.stack([stats[key] for stats in recorded])
-            combined[key] = float(values.max() if is_maximum(key) else values.mean())
-        return combined
+        return recorded
+
+    def step_share(self, entry):
+        return step_share(entry, getattr(self.objective, "max_dec_len", None))
+
+
+def detached(value):
+    """A statistic as floats: a tensor's value, or a (sum, count) pair's."""
+    if isinstance(value, tuple):
+        return tuple(float(part) for part in value)
+    return float(value)
 
 
 class PolicyPipeLoss(StatsKeepingLoss):
     """The RL policy objective (a `PolicyObjective`) as the pipeline's loss on the final logits [b, P+R, V]."""
 
-    def __init__(self, objective):
-        super().__init__()
-        self.objective = objective
-
     def forward(self, logits, labels):
-        response_labels, old_logprobs, ref_logprobs, advantages, response_mask, rollout_logprobs = labels
+        response_labels, old_logprobs, ref_logprobs, advantages, response_mask, rollout_logprobs, loss_scale = labels
         response_len = response_labels.shape[1]
+        scale, accumulate_steps = self.step_share(loss_scale)
         loss, stats = self.objective(
             logits[:, -response_len - 1 : -1],
             response_labels,
@@ -226,26 +252,24 @@ class PolicyPipeLoss(StatsKeepingLoss):
             empty_as_absent(ref_logprobs),
             advantages,
             response_mask,
+            scale,
             rollout_logprobs=empty_as_absent(rollout_logprobs),
         )
         self.record(stats)
-        return loss
+        return loss * accumulate_steps
 
 
 class ValuePipeLoss(StatsKeepingLoss):
     """The critic's objective (a `ValueObjective`) as the pipeline's loss on the scores [b, P+R, score_dim]:
     the values are channel 0 at the states before each response token, as the trainer's `response_values`."""
 
-    def __init__(self, objective):
-        super().__init__()
-        self.objective = objective
-
     def forward(self, scores, labels):
-        old_values, returns, response_mask = labels
+        old_values, returns, response_mask, loss_scale = labels
         response_len = response_mask.shape[1]
-        loss, stats = self.objective(scores[:, -response_len - 1 : -1, 0], old_values, returns, response_mask)
+        scale, accumulate_steps = self.step_share(loss_scale)
+        loss, stats = self.objective(scores[:, -response_len - 1 : -1, 0], old_values, returns, response_mask, scale)
         self.record(stats)
-        return loss
+        return loss * accumulate_steps
 
 
 class ScoreHeadPipe(nn.Linear):

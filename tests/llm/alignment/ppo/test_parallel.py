@@ -199,7 +199,7 @@ def sharded_argv(world, output_dir, **changes):
 def step_metrics(log):
     """The metrics each step logged (rank 0's worker log), without timings."""
     lines = [line for line in log.splitlines() if "grad_norm: " in line]
-    timings = {"step_time", "eps", "rollout_tokens_per_s", "rollout_wait_s", "train_wait_s"}
+    timings = {"step_time", "eps", "rollout_tokens_per_s", "rollout_wait_s", "train_wait_s", "weight_move_seconds"}
     return [
         {key: value for key, value in (item.split(": ") for item in line.split(" - ", 1)[1].split(", ")) if key not in timings}
         for line in lines

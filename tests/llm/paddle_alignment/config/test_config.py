@@ -8,15 +8,15 @@ from types import SimpleNamespace
 import pytest
 from paddlenlp.trainer.trainer_utils import ShardingOption
 
-from helpers import REPO_ROOT, BASE, parse
+from helpers import REPO_ROOT, BASE, paddlenlp_messages, parse
 from llm.alignment.dpo.run_dpo import ARGUMENT_CLASSES as DPO_ARGUMENTS
 from llm.alignment.kto.run_kto import ARGUMENT_CLASSES as KTO_ARGUMENTS
 from llm.alignment.rm.run_reward import ARGUMENT_CLASSES as REWARD_ARGUMENTS
 from llm.run_finetune import ARGUMENT_CLASSES as FINETUNE_ARGUMENTS
 from llm.tools.build_real_model import real_config
-from paddle_alignment.config.arguments import ARGUMENT_CLASSES, parse_arguments
+from paddle_alignment.config.arguments import ARGUMENT_CLASSES, check_pipeline_training, parse_arguments
 from paddle_alignment.config.decoupled import DecoupledRolloutArguments
-from paddle_alignment.config.layout import check_parallel_degrees
+from paddle_alignment.config.layout import check_parallel_degrees, check_pipeline_layout
 from paddle_alignment.config.multi_turn import MultiTurnArguments
 from paddle_alignment.config.paddlenlp_keys import canonical_options
 from paddle_alignment.models.tensor_parallel import check_splittable
@@ -109,7 +109,7 @@ def test_command_line_overrides_the_file(tmp_path):
         ({"lora_path": "adapters"}, "lora_path='adapters' applies to LoRA adapters: set lora true"),
         ({"lora_target_modules": ".*q_proj.*"}, "lora_target_modules='.\\*q_proj.\\*' applies to LoRA"),
         ({"lora": True, "lora_rank": 0}, "lora_rank must be positive"),
-        ({"pipeline_parallel_degree": 2}, "pipeline_parallel_degree=2: training does not run pipeline-parallel"),
+        ({"pipeline_parallel_degree": 2}, "pipeline_parallel_degree=2 = 2 ranks per data-parallel replica does not divide the 1"),
         ({"save_steps": -1}, "save_steps must be >= 0"),
         ({"eval_steps": -5}, "eval_steps must be >= 0"),
         ({"save_total_limit": -1}, "save_total_limit must be >= 0"),
@@ -209,3 +209,42 @@ def test_every_shipped_config_parses(path):
         config = json.load(f)
     layout = {key: config.get(key, parsed[2].__dataclass_fields__[key].default) for key in SINGLE_CPU_PROCESS if key not in ("device", "bf16")}
     check_parallel_degrees(SimpleNamespace(pipeline_parallel_degree=config.get("pipeline_parallel_degree", -1), **layout), 8, True)
+
+
+def pipeline_layout(**changes):
+    return SimpleNamespace(**{"pipeline_parallel_degree": 2, "tensor_parallel_degree": -1, "sharding": "",
+                              "pipeline_parallel_config": "", **changes})
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"tensor_parallel_degree": 2}, "pipeline_parallel_degree=2 with tensor_parallel_degree=2: the pipeline stages do not split"),
+        ({"sharding": "stage1"}, "pipeline_parallel_degree=2 with sharding=stage1: pipeline stages run with data parallel only"),
+    ],
+)
+def test_pipeline_parallel_refuses_the_layouts_its_stages_do_not_run_yet(changes, message):
+    with pytest.raises(ValueError, match=message):
+        check_pipeline_layout(pipeline_layout(**changes))
+
+
+def test_pipeline_stages_exchange_each_micro_batchs_shapes_and_drop_options_the_rl_update_does_not_run():
+    """RL micro-batches change width from step to step, so fleet must not cache the first one's shapes; loss
+    scaling and communication-overlap options assume fleet steps the optimizer, which the RL update does itself."""
+    args = pipeline_layout(pipeline_parallel_config="enable_delay_scale_loss disable_partial_send_recv")
+    with paddlenlp_messages() as lines:
+        check_pipeline_layout(args)
+    assert args.pipeline_parallel_config == "disable_partial_send_recv disable_p2p_cache_shape"
+    assert any(line.startswith("pipeline_parallel_config enable_delay_scale_loss has no effect") for line in lines), lines
+
+
+@pytest.mark.parametrize(
+    "model, data, message",
+    [
+        ({"lora": True}, {"ptx_datasets": ""}, "lora with pipeline_parallel_degree=2: the pipeline stages train whole weights"),
+        ({"lora": False}, {"ptx_datasets": "ptx.jsonl"}, "ptx_datasets with pipeline_parallel_degree=2: the pipeline's loss is the policy objective alone"),
+    ],
+)
+def test_pipeline_parallel_refuses_lora_and_the_ptx_loss_naming_the_keys(model, data, message):
+    with pytest.raises(ValueError, match=message):
+        check_pipeline_training(SimpleNamespace(**model), SimpleNamespace(**data), SimpleNamespace(pipeline_parallel_degree=2))

@@ -33,12 +33,13 @@ from llm.alignment.ppo.models.model_pp import (
     value_pipe_class,
 )
 from llm.alignment.ppo.models.pp_model_utils import (
+    loss_scale_entry,
     micro_batch_groups,
     pad_micro_batches,
     policy_labels,
     split_pipeline_inputs,
 )
-from paddle_alignment.algos.metrics import is_maximum
+from paddle_alignment.algos.losses import LossScale
 from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective
 from paddle_alignment.models.score_model import LlamaForScore, Qwen2ForScore
 
@@ -243,14 +244,42 @@ def test_policy_pipe_matches_the_plain_model_loss_stats_and_gradients(family):
 
     assert abs(pipe_loss - plain_loss) < 1e-5
     assert_same_grads(pipe, plain)
-    pipe_stats = pipe.pipeline_loss.pop_stats()
-    assert set(pipe_stats) == set(plain_stats[0]) and "kl" in pipe_stats
-    for key, value in pipe_stats.items():
-        combine = np.max if is_maximum(key) else np.mean
-        assert value == pytest.approx(combine([stats[key] for stats in plain_stats]), abs=1e-5), key
-    assert pipe_stats["policy/clipfrac_avg"] > 0  # the batch reaches the clipped region
-    assert pipe_stats["rollout_corr/truncated_token_frac"] > 0  # and the rollout correction's cap
-    assert pipe.pipeline_loss.pop_stats() == {}
+    pipe_stats = pipe.pipeline_loss.pop_stats()  # each micro-batch's, as the plain objective gave them
+    assert len(pipe_stats) == len(plain_stats) == ACCUMULATE and "kl" in pipe_stats[0]
+    for pipe_micro, plain_micro in zip(pipe_stats, plain_stats):
+        assert pipe_micro == pytest.approx(plain_micro, abs=1e-5)
+    assert max(stats["policy/clipfrac_avg"] for stats in pipe_stats) > 0  # the batch reaches the clipped region
+    assert max(stats["rollout_corr/truncated_token_frac"] for stats in pipe_stats) > 0  # and the correction's cap
+    assert pipe.pipeline_loss.pop_stats() == []
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_a_step_loss_scale_makes_each_micro_batch_loss_its_share_of_the_step(family):
+    """With the step's LossScale in the labels (loss_scale_entry), the micro-batches' losses after fleet's
+    division by the accumulation steps add up to the token mean over the whole step, as in the trainer's
+    update, and so do the gradients."""
+    plain, pipe, objective = policy_pair(family)
+    batch = rl_batch(ACCUMULATE * MICRO, 5, 4, seed=6)
+    micro_batches = split_rows(batch)
+    step = LossScale(float(batch["response_mask"].sum()), ACCUMULATE * MICRO, 1, ARGS.max_dec_len)
+
+    plain_total, plain_shares = 0.0, []
+    for micro in micro_batches:
+        prompt_len = micro["input_ids"].shape[1] - micro["response_mask"].shape[1]
+        logits = plain_logits(plain, micro)
+        share, stats = objective(logits[:, prompt_len - 1 : -1], micro["input_ids"][:, prompt_len:], micro["old_logprobs"],
+                                 micro["ref_logprobs"], micro["advantages"], micro["response_mask"], step,
+                                 rollout_logprobs=micro["rollout_logprobs"])
+        share.backward()
+        plain_total += float(share)
+        plain_shares.append(float(stats["loss/policy_avg"]))
+    scaled = [micro | {"loss_scale": loss_scale_entry(step, MICRO, ACCUMULATE)} for micro in micro_batches]
+    pipe_total = pipeline_step(pipe, pipe._prepare_pipeline_inputs_func(scaled))
+
+    assert pipe_total == pytest.approx(plain_total, abs=1e-6)
+    assert_same_grads(pipe, plain)
+    shares = [stats["loss/policy_avg"] for stats in pipe.pipeline_loss.pop_stats()]
+    assert shares == pytest.approx(plain_shares, abs=1e-6)  # statistics are shares of the step too, as the trainer sums them
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
@@ -265,7 +294,7 @@ def test_value_pipe_matches_the_plain_critic_loss_and_gradients(family):
 
     assert abs(pipe_loss - plain_loss) < 1e-5
     assert_same_grads(pipe, critic)
-    assert pipe.pipeline_loss.pop_stats()["val/clipfrac_avg"] > 0
+    assert max(stats["val/clipfrac_avg"] for stats in pipe.pipeline_loss.pop_stats()) > 0
 
 
 def test_absent_old_and_reference_logprobs_travel_as_zero_width_tensors():
@@ -283,8 +312,8 @@ def test_absent_old_and_reference_logprobs_travel_as_zero_width_tensors():
 
     assert abs(pipe_loss - plain_loss) < 1e-5
     assert_same_grads(pipe, plain)
-    stats = pipe.pipeline_loss.pop_stats()
-    assert "kl" not in stats and not any(key.startswith("rollout_corr/") for key in stats)
+    for stats in pipe.pipeline_loss.pop_stats():
+        assert "kl" not in stats and not any(key.startswith("rollout_corr/") for key in stats)
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])

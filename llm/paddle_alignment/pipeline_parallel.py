@@ -1,0 +1,198 @@
+"""Training through fleet's pipeline parallel (`PipelineLayer` + `PipelineParallel`, 1F1B) on every device,
+and the whole model a pipeline-trained run generates with.
+
+Each pipeline stage holds its layers with their optimizer states; generation, the behaviour and reference
+log-probs and the critic's values run on a whole, non-pipeline copy of each trained model (PaddleNLP's
+`eval_mode single`), into which `move_weights` copies the stages' weights after each update: each stage
+broadcasts the parameters it owns over the pipeline group, in buckets of at most BUCKET_BYTES.
+
+On CPU, two of fleet's device calls have no gloo path, and `bridge_to_gloo` replaces them (the same kind of
+bridge as the sharding stages' in group_sharded.py): `PipelineLayer` reads `ParallelEnv().device_id`, which a
+CPU process never sets, and the p2p layer sends on the "calc stream", which gloo's process group does not
+implement; its plain asynchronous send and receive are used instead, every transfer of one exchange posted
+before any is waited on, so the two directions of 1F1B's steady state cannot block each other. On GPUs
+fleet's NCCL path runs unchanged.
+"""
+
+import copy
+import json
+import os
+import random
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+import safetensors.numpy
+from paddle.distributed.fleet.meta_parallel import PipelineLayer
+from paddle.distributed.fleet.meta_parallel.pp_utils import p2p_communication
+from paddlenlp.trainer.trainer_utils import _get_distributed_seeds
+from paddlenlp.utils.env import SAFE_WEIGHTS_INDEX_NAME
+
+from paddle_alignment.distributed import collective, hybrid_communicate_group
+from paddle_alignment.models.tensor_parallel import broadcast_parts
+
+
+def bridge_to_gloo():
+    """Make fleet's pipeline parallel run between CPU processes (see the module docstring); idempotent."""
+    if getattr(dist.ParallelEnv(), "_device_id", None) is None:
+        dist.ParallelEnv._device_id = 0  # the CPU "device"; PipelineLayer only records it
+    p2p_communication.batch_send_recv_on_calc_stream = gloo_send_recv
+
+
+def gloo_send_recv(p2p_ops):
+    """fleet's batched exchange between neighbouring stages (P2PonCalcStream ops) as gloo's asynchronous
+    sends and receives, all posted, then all waited on."""
+    tasks = []
+    for op in p2p_ops:
+        peer = op.group.get_group_rank(op.peer)
+        if op.op is p2p_communication._send_on_calc_stream:
+            tasks.append(op.group.process_group.send(op.tensor, peer, False))
+        else:
+            tasks.append(op.group.process_group.recv(op.tensor, peer, False))
+    with collective("a pipeline stage's activation exchange"):
+        for task in tasks:
+            task.wait()
+
+
+def pipeline_group():
+    """fleet's pipeline group when the run has more than one stage, else None."""
+    hcg = hybrid_communicate_group()
+    if hcg is None or hcg.get_pipe_parallel_world_size() <= 1:
+        return None
+    return hcg.get_pipe_parallel_group()
+
+
+def is_last_stage():
+    hcg = hybrid_communicate_group()
+    return hcg is None or hcg.get_stage_id() == hcg.get_pipe_parallel_world_size() - 1
+
+
+def pipe_from_whole(pipe_class, whole, *args, **kwargs):
+    """A pipeline stage of `pipe_class(whole.config, *args, **kwargs)` holding `whole`'s weights of its layers
+    (paddlenlp's pipes name their parameters as the plain model does)."""
+    if paddle.device.get_device() == "cpu":
+        bridge_to_gloo()
+    # Each stage initialises different layers (then overwritten): the random state is put back, so that the
+    # stages, like one process, draw the same samples afterwards.
+    random_state = paddle.get_rng_state()
+    try:
+        pipe = pipe_class(copy.deepcopy(whole.config), *args, **kwargs)
+    finally:
+        paddle.set_rng_state(random_state)
+    missing = set(pipe.state_dict()) - set(whole.state_dict())
+    if missing:
+        raise ValueError(f"{type(whole).__name__} has no weights for the pipeline stage's {sorted(missing)[:5]}")
+    pipe.set_state_dict(dict(whole.state_dict()))  # (paddlenlp's pipe set_state_dict empties the dict it is given)
+    mark_shared_weight_copies(pipe)
+    return pipe
+
+
+def mark_shared_weight_copies(pipe):
+    """A weight two stages share (a tied embedding and LM head) counted once in the gradient norm: fleet's
+    clip skips a parameter whose `is_firstly_shared` is False, but PipelineLayer compares the parameters'
+    generated names with the attribute names when it sets that flag, so it never does, and the clip counts the
+    shared gradient on every stage holding it. Set here by the stages' rule: the lowest rank's copy counts."""
+    for comm in pipe.shared_comm.values():
+        for attribute in comm["weight_attr"]:
+            getattr(comm["layer"], attribute).is_firstly_shared = dist.get_rank() == min(comm["ranks"])
+
+
+def stage_names(pipe):
+    """Every stage's {parameter name (the plain model's): bytes}, gathered over the pipeline group on the first
+    call."""
+    if not hasattr(pipe, "stage_names"):
+        own = {name: int(np.prod(tensor.shape)) * tensor.element_size() for name, tensor in pipe.state_dict().items()}
+        gathered = []
+        with collective("the pipeline stages' parameter names"):
+            dist.all_gather_object(gathered, own, group=pipeline_group())
+        pipe.stage_names = gathered
+    return pipe.stage_names
+
+
+def owning_stages(pipe, whole):
+    """{stage: [parameters of `whole` whose value that stage holds]}, each parameter under the first stage
+    holding it (a tied embedding sits on the first and the last)."""
+    stages = stage_names(pipe)
+    owned, seen = {}, set()
+    for stage, names in enumerate(stages):
+        for name, parameter in whole.named_parameters():
+            if name in names and name not in seen:
+                owned.setdefault(stage, []).append(parameter)
+                seen.add(name)
+    unowned = [name for name, _ in whole.named_parameters() if name not in seen]
+    if unowned:
+        raise ValueError(f"no pipeline stage holds {unowned[:5]} of {type(whole).__name__}")
+    return owned
+
+
+@paddle.no_grad()
+def move_weights(pipe, whole):
+    """`whole`'s parameters set to the pipeline stages' current values, on every rank of the pipeline group
+    (every rank calls it)."""
+    group = pipeline_group()
+    stage = hybrid_communicate_group().get_stage_id()
+    own = pipe.state_dict()
+    names = {id(parameter): name for name, parameter in whole.named_parameters()}
+    owned = owning_stages(pipe, whole)
+    for parameter in owned.get(stage, []):
+        parameter.set_value(own[names[id(parameter)]])
+    for source_stage, parameters in sorted(owned.items()):
+        broadcast_parts(parameters, group.ranks[source_stage], group, "the weight move from the pipeline stages")
+
+
+def check_same_rows(input_ids):
+    """Stop when the stages of a data rank hold different rollouts: each stage samples its own copy of the
+    batch, and a stage whose copy differed would train on another's activations and labels."""
+    digest = paddle.to_tensor([input_ids.shape[0], input_ids.shape[1], int((input_ids * (paddle.arange(input_ids.shape[1]) + 1)).sum())], dtype="int64")
+    gathered = []
+    with collective("the pipeline stages' check of their rollouts"):
+        dist.all_gather(gathered, digest, group=pipeline_group())
+    digests = [tuple(d.numpy().tolist()) for d in gathered]
+    if len(set(digests)) > 1:
+        raise RuntimeError(
+            f"the pipeline stages (ranks {pipeline_group().ranks}) sampled different rollouts ({digests}: rows, width, "
+            "token digest): their random states or whole models have drifted apart"
+        )
+
+
+def is_pipeline_stage(model):
+    return isinstance(model, PipelineLayer) and pipeline_group() is not None
+
+
+def save_stages(pipe, folder, tokenizer):
+    """The model whose stages the pipeline group holds, written to `folder` as one from_pretrained-loadable
+    model in any layout: each stage's weights by its first data rank into a safetensors shard of its own,
+    the shards' index, config and tokenizer by rank 0 (paddlenlp's sharded-checkpoint layout). Every rank
+    calls it."""
+    hcg = hybrid_communicate_group()
+    stages, stage = hcg.get_pipe_parallel_world_size(), hcg.get_stage_id()
+    names = stage_names(pipe)
+    files = [f"model-{index + 1:05d}-of-{stages:05d}.safetensors" for index in range(stages)]
+    weight_map, total_size = {}, 0
+    for index, held in enumerate(names):
+        for name in sorted(set(held) - set(weight_map)):
+            weight_map[name], total_size = files[index], total_size + held[name]
+    os.makedirs(folder, exist_ok=True)
+    if hcg.get_data_parallel_rank() == 0 and hcg.get_sharding_parallel_rank() == 0:
+        own = {name: tensor.cpu().numpy() for name, tensor in pipe.state_dict().items() if weight_map[name] == files[stage]}
+        safetensors.numpy.save_file(own, os.path.join(folder, files[stage]), metadata={"format": "np"})
+    if dist.get_rank() == 0:
+        index = {"metadata": {"total_size": total_size}, "weight_map": weight_map}
+        with open(os.path.join(folder, SAFE_WEIGHTS_INDEX_NAME), "w") as f:
+            json.dump(index, f, indent=2)
+        pipe.config.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+
+def seed_stages_alike(seed):
+    """After paddlenlp's set_seed, which seeds each pipeline stage apart (for stages that initialise their own
+    layers): every stage of a data rank seeded as its first stage is. Here every stage runs the same rollout on
+    the whole models, so their samples, and any freshly initialised weight, must be the same."""
+    hcg = hybrid_communicate_group()
+    if hcg is None or hcg.get_pipe_parallel_world_size() <= 1:
+        return
+    stage_offset = hcg.get_stage_id() * hcg.get_model_parallel_world_size() * getattr(hcg, "get_sep_parallel_world_size", lambda: 1)()
+    global_seed, _, _ = _get_distributed_seeds(seed)
+    paddle.seed(global_seed - stage_offset)
+    random.seed(seed)  # paddlenlp's random seed of the first stage
+    np.random.seed(seed)

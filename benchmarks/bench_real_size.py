@@ -7,6 +7,7 @@ bandwidth limit; with --trl_python, TRL's GRPOTrainer on the same model, work an
     python benchmarks/bench_real_size.py --work /tmp/real_size --mode decode --new_tokens 64   # decode step, limits
     python benchmarks/bench_real_size.py --work /tmp/real_size --mode packing --rows 1 4 16   # packed weights or not
     ... --trl_python /path/to/venv/bin/python                                        # TRL's step beside ours
+    ... --pipeline_parallel_degree 2        # also the step at PP2 over 2 processes: each rank's peak, the weight move
 
 The model is a random Qwen2.5-0.5B (llm/tools/build_real_model.py: hidden 896, 24 layers, vocabulary
 151,936, tied embeddings, 494M parameters; `--layers 2` cuts it to 166M), or the architecture `--name` gives
@@ -26,6 +27,10 @@ The static footprint is what a step must hold whatever its batch: the policy's w
 AdamW's two moments (4 copies of its parameters) and the reference model's weights, in float32. Peak RSS
 is the step's own (the kernel's high-water mark reset when the step starts, in each trainer's process),
 so that loading a checkpoint does not count.
+With --pipeline_parallel_degree N the same step also runs over N processes (`paddle.distributed.launch`),
+the actor trained as N pipeline stages and the rollout on a whole copy per rank (eval_mode single); it
+prints each rank's step peak RSS beside the one process's, and the seconds the stages' weights took to move
+into the copies after the update.
 Prints `key=value` lines; the last is ours_vs_trl=<ratio> with --trl_python.
 """
 
@@ -101,6 +106,7 @@ def numbers_prompt(tokenizer, tokens, seed):
 
 def run_ours(args, model, prompts):
     """One GRPO step of run_ppo's trainer in this process; prints a JSON line of its figures."""
+    import paddle
     from bench_grpo import CONFIG, time_phases
 
     from llm.alignment.ppo.run_ppo import build_trainer
@@ -123,6 +129,7 @@ def run_ours(args, model, prompts):
         "--recompute", "true" if args.recompute else "false",
         "--share_prompt_forward", "true" if args.share_prompt_forward else "false",
         "--max_steps", "1", "--disable_tqdm", "true",
+        "--pipeline_parallel_degree", str(args.internal_pipeline),
     ])
     trainer.prepare_training()
     batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size)
@@ -138,11 +145,47 @@ def run_ours(args, model, prompts):
     policy = sum(int(p.numel()) for p in trainer.model.parameters())
     reference = sum(int(p.numel()) for p in trainer.rollout.worker.reference_model.parameters())
     print(json.dumps({
+        "rank": paddle.distributed.get_rank(), "weight_move_seconds": metrics.get("weight_move_seconds"),
         "seconds": seconds, "phases": dict(phases), "sampling": sampling["sampling"], "peak_rss_gb": step_peak_rss_gb(),
         "process_peak_rss_gb": peak_rss_gb(),
         "static_gb": 4 * (4 * policy + reference) / 2**30, "parameters": policy,
         "response_tokens": int(exp.response_mask.sum()), "update_padding_ratio": metrics["update_padding_ratio"],
     }))
+
+
+def run_ours_process(args, stages):
+    """run_ours in a process of its own (its peak RSS its own), or over `stages` pipeline stages under
+    paddle.distributed.launch; each rank's figures."""
+    own = [os.path.abspath(__file__), "--internal_ours", "--internal_pipeline", str(stages), *sys.argv[1:]]
+    if stages == 1:
+        command = [sys.executable, *own]
+    else:
+        log_dir = os.path.join(args.work, f"pp{stages}_log")
+        command = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(stages), "--log_dir", log_dir, *own]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        logs = "" if stages == 1 else "".join(open(os.path.join(log_dir, f"workerlog.{rank}")).read()[-3000:] for rank in range(stages))
+        sys.exit(f"our run failed:\n{result.stderr[-6000:]}{logs}")
+    if stages == 1:
+        return [json.loads(result.stdout.strip().splitlines()[-1])]
+    figures = []
+    for rank in range(stages):
+        with open(os.path.join(log_dir, f"workerlog.{rank}")) as log:
+            figures.append(json.loads([line for line in log if line.startswith('{"rank"')][-1]))
+    return figures
+
+
+def pipeline_step(args, one):
+    """The step at --pipeline_parallel_degree stages beside the one process's (`one`)."""
+    ranks = run_ours_process(args, args.pipeline_parallel_degree)
+    for figures in ranks:
+        phases = ", ".join(f"{name} {value:.1f} s" for name, value in figures["phases"].items())
+        print(f"pp{args.pipeline_parallel_degree} rank {figures['rank']}: {figures['seconds']:.1f} s for the step ({phases})")
+        print(f"pp_rank{figures['rank']}_peak_rss_gb={figures['peak_rss_gb']:.2f}")
+    print(f"pp_weight_move_seconds={ranks[0]['weight_move_seconds']:.2f}")
+    print(f"pp_seconds_per_step={max(figures['seconds'] for figures in ranks):.1f}")
+    print(f"one_process_peak_rss_gb={one['peak_rss_gb']:.2f}")
+    print(f"pp_peak_over_one_process={max(figures['peak_rss_gb'] for figures in ranks) / one['peak_rss_gb']:.2f}")
 
 
 def run_trl(args, model, prompts):
@@ -163,11 +206,7 @@ def step(args, model, prompts):
     print(f"work: {args.prompts} prompts of {args.prompt_tokens} tokens x {args.samples} samples x exactly "
           f"{args.new_tokens} new tokens, micro-batches of {args.micro_batch} rows, recompute {'on' if args.recompute else 'off'}, "
           f"prompts shared {'on' if args.share_prompt_forward else 'off'}")
-    command = [sys.executable, os.path.abspath(__file__), "--internal_ours", *sys.argv[1:]]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit(f"our run failed:\n{result.stderr[-6000:]}")
-    ours = json.loads(result.stdout.strip().splitlines()[-1])
+    ours = run_ours_process(args, stages=1)[0]
     phases = ", ".join(f"{name} {value:.1f} s" for name, value in ours["phases"].items())
     print(f"ours: {ours['seconds']:.1f} s for the step ({phases}; sampling {ours['sampling']:.1f} s of the rollout)")
     print(f"ours: {ours['parameters'] / 1e6:.0f}M parameters, response tokens {ours['response_tokens']}, "
@@ -177,6 +216,8 @@ def step(args, model, prompts):
     print(f"peak_rss_gb={ours['peak_rss_gb']:.2f}")
     print(f"peak_over_static={ours['peak_rss_gb'] / ours['static_gb']:.2f}")
     print(f"ours_seconds_per_step={ours['seconds']:.1f}")
+    if args.pipeline_parallel_degree > 1:
+        pipeline_step(args, ours)
     if args.trl_python:
         lines, trl_seconds, trl_peak = run_trl(args, model, prompts)
         for line in lines:
@@ -328,7 +369,9 @@ def main():
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32], help="--mode packing's row counts")
     parser.add_argument("--repeats", type=int, default=10, help="--mode packing's steps per variant and row count")
     parser.add_argument("--trl_python", default=None, help="a Python with torch, transformers and trl (see bench_trl_grpo.py)")
+    parser.add_argument("--pipeline_parallel_degree", type=int, default=1, help="also run the step over this many pipeline stages")
     parser.add_argument("--internal_ours", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--internal_pipeline", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mode == "step" and (args.prompts * args.samples) % args.micro_batch:
         parser.error(f"--micro_batch {args.micro_batch} must divide the {args.prompts * args.samples} responses")

@@ -18,6 +18,7 @@ import copy
 import json
 import os
 import random
+import weakref
 
 import numpy as np
 import paddle
@@ -84,7 +85,24 @@ def pipe_from_whole(pipe_class, whole, *args, **kwargs):
         raise ValueError(f"{type(whole).__name__} has no weights for the pipeline stage's {sorted(missing)[:5]}")
     pipe.set_state_dict(dict(whole.state_dict()))  # (paddlenlp's pipe set_state_dict empties the dict it is given)
     mark_shared_weight_copies(pipe)
+    hold_stage_parameters(whole, pipe)
     return pipe
+
+
+def hold_stage_parameters(whole, pipe):
+    """`whole` made to hold the stage's own parameters in place of its copies of them (every reference to a
+    copy, a tied embedding's two included): a rank keeps one copy of its stage's weights, which the whole
+    model always has current, and a weight move only brings the other stages' weights."""
+    holders = {}  # id(parameter) -> the (layer, attribute) pairs that hold it
+    for layer in whole.sublayers(include_self=True):
+        for attribute, parameter in layer._parameters.items():
+            if parameter is not None:
+                holders.setdefault(id(parameter), []).append((layer, attribute))
+    copies = whole.state_dict()  # (a tied head's name too: the same parameter as the embedding's)
+    for name, parameter in pipe.state_dict().items():  # the stage's parameters themselves, by their plain names
+        if name in copies:
+            for layer, attribute in holders[id(copies[name])]:
+                setattr(layer, attribute, parameter)
 
 
 def mark_shared_weight_copies(pipe):
@@ -97,29 +115,45 @@ def mark_shared_weight_copies(pipe):
             getattr(comm["layer"], attribute).is_firstly_shared = dist.get_rank() == min(comm["ranks"])
 
 
+# What each stage holds, gathered once per pipe: {pipe: {what: [each stage's]}} (not attributes of the pipe,
+# which paddlenlp's models hand to their config).
+GATHERED = weakref.WeakKeyDictionary()
+
+
+def gathered_over_stages(pipe, what, value):
+    """[every stage's `value`] for `what`, gathered over the pipeline group on the first call for `pipe`."""
+    known = GATHERED.setdefault(pipe, {})
+    if what not in known:
+        known[what] = []
+        with collective(f"the pipeline stages' {what}"):
+            dist.all_gather_object(known[what], value(), group=pipeline_group())
+    return known[what]
+
+
 def stage_names(pipe):
-    """Every stage's {parameter name (the plain model's): bytes}, gathered over the pipeline group on the first
-    call."""
-    if not hasattr(pipe, "stage_names"):
-        own = {name: int(np.prod(tensor.shape)) * tensor.element_size() for name, tensor in pipe.state_dict().items()}
-        gathered = []
-        with collective("the pipeline stages' parameter names"):
-            dist.all_gather_object(gathered, own, group=pipeline_group())
-        pipe.stage_names = gathered
-    return pipe.stage_names
+    """Every stage's {parameter name (the plain model's): bytes}."""
+    return gathered_over_stages(
+        pipe, "parameter names", lambda: {name: int(np.prod(t.shape)) * t.element_size() for name, t in pipe.state_dict().items()}
+    )
 
 
 def owning_stages(pipe, whole):
-    """{stage: [parameters of `whole` whose value that stage holds]}, each parameter under the first stage
-    holding it (a tied embedding sits on the first and the last)."""
-    stages = stage_names(pipe)
-    owned, seen = {}, set()
-    for stage, names in enumerate(stages):
-        for name, parameter in whole.named_parameters():
-            if name in names and name not in seen:
-                owned.setdefault(stage, []).append(parameter)
-                seen.add(name)
-    unowned = [name for name, _ in whole.named_parameters() if name not in seen]
+    """{stage: [parameters of `whole` that stage broadcasts]}: each parameter of `whole` that some stage does not
+    hold, under the first stage that holds it. With hold_stage_parameters a stage's parameters are its own,
+    current without a move (a tied embedding is so on the first and the last stage)."""
+
+    def held():
+        own = {id(parameter) for parameter in pipe.parameters()}
+        return sorted(name for name, parameter in whole.named_parameters() if id(parameter) in own)
+
+    stages = [set(names) for names in gathered_over_stages(pipe, f"parameters of {type(whole).__name__}", held)]
+    owned, unowned = {}, []
+    for name, parameter in whole.named_parameters():
+        holders = [stage for stage, names in enumerate(stages) if name in names]
+        if not holders:
+            unowned.append(name)
+        elif len(holders) < len(stages):
+            owned.setdefault(holders[0], []).append(parameter)
     if unowned:
         raise ValueError(f"no pipeline stage holds {unowned[:5]} of {type(whole).__name__}")
     return owned
@@ -127,16 +161,11 @@ def owning_stages(pipe, whole):
 
 @paddle.no_grad()
 def move_weights(pipe, whole):
-    """`whole`'s parameters set to the pipeline stages' current values, on every rank of the pipeline group
-    (every rank calls it)."""
+    """`whole`'s parameters that this rank's stage does not hold (see hold_stage_parameters) set to the stages'
+    current values, each broadcast over the pipeline group by the first stage holding it. Every rank of the
+    group calls it."""
     group = pipeline_group()
-    stage = hybrid_communicate_group().get_stage_id()
-    own = pipe.state_dict()
-    names = {id(parameter): name for name, parameter in whole.named_parameters()}
-    owned = owning_stages(pipe, whole)
-    for parameter in owned.get(stage, []):
-        parameter.set_value(own[names[id(parameter)]])
-    for source_stage, parameters in sorted(owned.items()):
+    for source_stage, parameters in sorted(owning_stages(pipe, whole).items()):
         broadcast_parts(parameters, group.ranks[source_stage], group, "the weight move from the pipeline stages")
 
 

@@ -7,7 +7,8 @@
 `checkpoint-write:N`: writing checkpoint-N blocks forever (inside the checkpoint's temp folder, as a write to a
 hung disk). `weight-publication:N`: publishing policy version N for the samplers blocks forever.
 `sampler:N`: the trainer stops its samplers (SIGSTOP) once checkpoint-N is written. `rank-1:N`: rank 1 stops itself (SIGSTOP) once checkpoint-N is written, so the other rank's next
-collective never completes. Everything else is run_ppo's own, the watchdog included.
+collective never completes. `kill-rank-R:N`: global rank R ends itself with SIGKILL (kill -9, no clean-up) once
+checkpoint-N is written. Everything else is run_ppo's own, the watchdog included.
 """
 
 import os
@@ -66,8 +67,20 @@ def stop_rank_1(run):
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
+def kill_rank(rank):
+    def kill(run):
+        if int(os.environ.get("PADDLE_TRAINER_ID", "0")) == rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return kill
+
+
 if __name__ == "__main__":
     what, step = sys.argv[1].split(":")
+    if what.startswith("kill-rank-"):
+        after_checkpoint(int(step), kill_rank(int(what[len("kill-rank-"):])))
+        run_ppo.main(sys.argv[2:])
+        sys.exit(0)
     freezes = {
         "checkpoint-write": freeze_checkpoint_write, "weight-publication": freeze_weight_publication,
         "sampler": lambda step: after_checkpoint(step, stop_samplers), "rank-1": lambda step: after_checkpoint(step, stop_rank_1),

@@ -2,9 +2,10 @@
 and the whole model a pipeline-trained run generates with.
 
 Each pipeline stage holds its layers with their optimizer states; generation, the behaviour and reference
-log-probs and the critic's values run on a whole, non-pipeline copy of each trained model (PaddleNLP's
-`eval_mode single`), into which `move_weights` copies the stages' weights after each update: each stage
-broadcasts the parameters it owns over the pipeline group, in buckets of at most BUCKET_BYTES.
+log-probs and the critic's values run on a whole, non-pipeline model on each rank (PaddleNLP's `eval_mode
+single`), whose layers of the rank's own stage are the stage's parameters (hold_stage_parameters); after each
+update `move_weights` brings it the other stages' weights, each stage broadcasting over the pipeline group
+what some rank lacks, in buckets of at most BUCKET_BYTES (tensor_parallel.py).
 
 On CPU, two of fleet's device calls have no gloo path, and `bridge_to_gloo` replaces them (the same kind of
 bridge as the sharding stages' in group_sharded.py): `PipelineLayer` reads `ParallelEnv().device_id`, which a
@@ -115,8 +116,8 @@ def mark_shared_weight_copies(pipe):
             getattr(comm["layer"], attribute).is_firstly_shared = dist.get_rank() == min(comm["ranks"])
 
 
-# What each stage holds, gathered once per pipe: {pipe: {what: [each stage's]}} (not attributes of the pipe,
-# which paddlenlp's models hand to their config).
+# What each stage holds, gathered once per pipe: {pipe: {what: [each stage's]}}, kept beside the pipe (an
+# attribute set on paddlenlp's pipe was not kept).
 GATHERED = weakref.WeakKeyDictionary()
 
 

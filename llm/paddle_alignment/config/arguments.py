@@ -189,6 +189,11 @@ def check_pipeline_training(model_args, data_args, training_args):
         raise ValueError(f"lora with {degree}: the pipeline stages train whole weights; train LoRA adapters with data parallel or sharding stage1")
     if data_args.ptx_datasets:
         raise ValueError(f"ptx_datasets with {degree}: the pipeline's loss is the policy objective alone; drop ptx_datasets or pipeline parallel")
+    logger.info(
+        f"{degree}: the update runs micro-batches of per_device_train_batch_size rows at the batch's width, whole "
+        "rows and whole logits on the last stage (use_dynamic_batch_size, share_prompt_forward and "
+        "logprob_chunk_tokens apply to the no-gradient passes on the whole models)"
+    )
 
 
 def fit_prompts(data_args, training_args):

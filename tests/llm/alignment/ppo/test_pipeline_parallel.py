@@ -6,13 +6,14 @@ stage, its tied embedding and LM head a weight the two stages share."""
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM
 
-from helpers import REPO_ROOT, first_step, launch_two_processes, overrides
+from helpers import REPO_ROOT, first_step, launch_two_processes, overrides, train_log
 from paddle_alignment.models.score_model import AutoModelForScore
 from test_parallel import assert_resumed_run_ends_as_uninterrupted, optimizer_arrays, safetensors_arrays, step_metrics
 
@@ -67,8 +68,8 @@ def test_pipeline_by_data_parallel_step_equals_one_process(tiny_world, tmp_path,
 
 
 def pipeline_argv(world, output_dir, **changes):
-    return overrides(world, str(output_dir), rl_algorithm="ppo", max_steps=4, save_steps=2, eval_steps=2,
-                     pipeline_parallel_degree=2, **changes)
+    return overrides(world, str(output_dir), **{"rl_algorithm": "ppo", "max_steps": 4, "save_steps": 2, "eval_steps": 2,
+                                                "pipeline_parallel_degree": 2, **changes})
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +122,22 @@ def test_pipeline_parallel_run_resumes_from_its_checkpoint_exactly(tiny_world, p
     resumed_critic, critic = (safetensors_arrays(out / "value" / "model.safetensors") for out in (tmp_path / "out", output_dir))
     for name, value in critic.items():
         np.testing.assert_array_equal(resumed_critic[name], value, err_msg=name)
+
+
+def test_a_pipeline_checkpoint_resumes_in_one_process_only_without_its_optimizer_states(tiny_world, pipeline_run, tmp_path):
+    """Its weights load at any layout; its optimizer files are per stage, so another layout stops naming both
+    layouts' files, and with ignore_load_lr_and_optim the run goes on from the weights with fresh moments."""
+    from llm.alignment.ppo import run_ppo
+
+    output_dir, _ = pipeline_run
+    shutil.copytree(output_dir / "checkpoint-2", tmp_path / "out" / "checkpoint-2")
+    argv = pipeline_argv(tiny_world, tmp_path / "out", pipeline_parallel_degree=1)
+    with pytest.raises(FileNotFoundError, match=re.escape(
+        "This run's parallel layout reads optimizer.pdopt, value_optimizer.pdopt; the checkpoint holds "
+        "optimizer.pp00.pdopt, optimizer.pp01.pdopt, value_optimizer.pp00.pdopt, value_optimizer.pp01.pdopt. A "
+        "checkpoint resumes at the layout it was saved with"
+    )):
+        run_ppo.main([TINY_CONFIG, *argv])
+    run_ppo.main([TINY_CONFIG, *argv, "--ignore_load_lr_and_optim", "true"])
+    assert len(train_log(tmp_path / "out", "grad_norm")) == 2  # steps 3 and 4
+    assert os.path.isdir(tmp_path / "out" / "policy")

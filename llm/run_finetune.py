@@ -24,6 +24,7 @@ from paddlenlp.trainer import Trainer, TrainingArguments, set_seed
 
 from paddle_alignment.checkpoints.folders import output_dir_claimed
 from paddle_alignment.config.arguments import parse_arguments
+from paddle_alignment.config.layout import refuse_pipeline_parallel
 from paddle_alignment.data import IGNORE_INDEX, SupervisedDataset
 from paddle_alignment.distributed import finish_distributed_run
 from paddle_alignment.fused_optimizer import FusedOptimizerMixin
@@ -58,6 +59,7 @@ ARGUMENT_CLASSES = (FinetuneModelArgument, FinetuneDataArgument, TrainingArgumen
 
 def main(argv):
     model_args, data_args, training_args = parse_arguments(argv, ARGUMENT_CLASSES)
+    refuse_pipeline_parallel(training_args)
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
     tokenizer = load_tokenizer(model_args.model_name_or_path)

@@ -132,15 +132,20 @@ def slices_weights(args):
 def check_launch_layout(args, pipeline_parallel=False):
     """`check_parallel_degrees` for this launch (its process count, whether it runs on an accelerator), after
     refusing pipeline parallel where the entry point does not run it (`pipeline_parallel`: RL does)."""
-    if args.pipeline_parallel_degree > 1:
-        if not pipeline_parallel:
-            raise ValueError(
-                f"pipeline_parallel_degree={args.pipeline_parallel_degree}: this entry point does not run pipeline-"
-                "parallel models yet (run_ppo.py does); split large models with tensor_parallel_degree and sharding"
-            )
+    if not pipeline_parallel:
+        refuse_pipeline_parallel(args)
     check_parallel_degrees(args, paddle.distributed.get_world_size(), runs_on_accelerator(args))
     if args.pipeline_parallel_degree > 1:
         check_pipeline_layout(args)
+
+
+def refuse_pipeline_parallel(args):
+    """Stop an entry point that does not run pipeline-parallel models (all but run_ppo.py) under one."""
+    if args.pipeline_parallel_degree > 1:
+        raise ValueError(
+            f"pipeline_parallel_degree={args.pipeline_parallel_degree}: this entry point does not run pipeline-"
+            "parallel models yet (run_ppo.py does); split large models with tensor_parallel_degree and sharding"
+        )
 
 
 def check_pipeline_layout(args):

@@ -16,7 +16,7 @@ from llm.run_finetune import ARGUMENT_CLASSES as FINETUNE_ARGUMENTS
 from llm.tools.build_real_model import real_config
 from paddle_alignment.config.arguments import ARGUMENT_CLASSES, check_pipeline_training, parse_arguments
 from paddle_alignment.config.decoupled import DecoupledRolloutArguments
-from paddle_alignment.config.layout import check_parallel_degrees, check_pipeline_layout
+from paddle_alignment.config.layout import check_parallel_degrees, check_pipeline_layout, refuse_pipeline_parallel
 from paddle_alignment.config.multi_turn import MultiTurnArguments
 from paddle_alignment.config.paddlenlp_keys import canonical_options
 from paddle_alignment.models.tensor_parallel import check_splittable
@@ -248,3 +248,9 @@ def test_pipeline_stages_exchange_each_micro_batchs_shapes_and_drop_options_the_
 def test_pipeline_parallel_refuses_lora_and_the_ptx_loss_naming_the_keys(model, data, message):
     with pytest.raises(ValueError, match=message):
         check_pipeline_training(SimpleNamespace(**model), SimpleNamespace(**data), SimpleNamespace(pipeline_parallel_degree=2))
+
+
+def test_entry_points_without_pipeline_parallel_refuse_it_naming_the_one_that_has_it():
+    with pytest.raises(ValueError, match=r"pipeline_parallel_degree=4: this entry point does not run pipeline-parallel models yet \(run_ppo.py does\)"):
+        refuse_pipeline_parallel(SimpleNamespace(pipeline_parallel_degree=4))
+    refuse_pipeline_parallel(SimpleNamespace(pipeline_parallel_degree=1))

@@ -64,11 +64,6 @@ def pipeline_group():
     return hcg.get_pipe_parallel_group()
 
 
-def is_last_stage():
-    hcg = hybrid_communicate_group()
-    return hcg is None or hcg.get_stage_id() == hcg.get_pipe_parallel_world_size() - 1
-
-
 def pipe_from_whole(pipe_class, whole, *args, **kwargs):
     """A pipeline stage of `pipe_class(whole.config, *args, **kwargs)` holding `whole`'s weights of its layers
     (paddlenlp's pipes name their parameters as the plain model does)."""

@@ -25,6 +25,7 @@ class Experience:
     old_logprobs     [B, R] float32  the trainer's forward's log-probs of the sampling policy (None: on-policy,
                                      use the detached current ones)
     ref_logprobs     [B, R] float32  reference-model log-probs (None without a KL term)
+    teacher_logprobs [B, R] float32  a distillation teacher's log-probs of the sampled tokens (None without one)
     advantages       [B, R] float32
     values           [B, R] float32  critic values at rollout time (PPO)
     returns          [B, R] float32  the critic's targets (PPO)
@@ -54,6 +55,7 @@ class Experience:
     rollout_logprobs: Optional[paddle.Tensor] = None
     old_logprobs: Optional[paddle.Tensor] = None
     ref_logprobs: Optional[paddle.Tensor] = None
+    teacher_logprobs: Optional[paddle.Tensor] = None
     advantages: Optional[paddle.Tensor] = None
     values: Optional[paddle.Tensor] = None
     returns: Optional[paddle.Tensor] = None
@@ -69,8 +71,8 @@ class Experience:
         return self.input_ids.shape[0]
 
     # The fields with a response axis [B, R] (the rest are per row, or [B, P+R]).
-    RESPONSE_FIELDS = ("response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs", "advantages", "values", "returns",
-                       "turn_ids")
+    RESPONSE_FIELDS = ("response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs", "teacher_logprobs", "advantages",
+                       "values", "returns", "turn_ids")
 
     def real_lengths(self):
         """(prompt lengths, response lengths) of each row [B], as numpy int arrays: the attended tokens of each
@@ -137,7 +139,7 @@ class Experience:
         for name in ("scores", "score_parts", "unscored", "rewards", "turn_stats", "env_returns"):  # present once scored (or multi-turn)
             if all(getattr(b, name) is not None for b in batches):
                 merged[name] = paddle.concat([getattr(b, name) for b in batches])
-        for name in ("rollout_logprobs", "old_logprobs", "ref_logprobs", "turn_ids"):  # present when recorded at sampling time
+        for name in ("rollout_logprobs", "old_logprobs", "ref_logprobs", "teacher_logprobs", "turn_ids"):  # present when recorded at sampling time
             if all(getattr(b, name) is not None for b in batches):
                 merged[name] = paddle.concat([widen(b, name, 0.0, False) for b in batches])
         for name in ("prompts", "labels", "responses"):

@@ -3,6 +3,7 @@
     python -m llm.tools.tiny_demo            (from the repository root)
     python -m llm.tools.tiny_demo --tools    the tool task
     python -m llm.tools.tiny_demo --dpo      DPO instead of GRPO (--kto: KTO)
+    python -m llm.tools.tiny_demo --distill  on-policy distillation of the SFT model from the GRPO policy
 
 The sum task: build the tokenizer, a tiny Qwen2 and the `a+b+c=` data under tiny_demo/; SFT it with
 config/tiny/sft_argument.json; start the reward server; run GRPO with config/tiny/grpo_argument.json
@@ -14,6 +15,12 @@ config/tiny/dpo_argument.json on pairs of the right sum against the careless ann
 with config/tiny/kto_argument.json on the same replies unpaired). No reward server: the pairs are the signal.
 The last line printed is `accuracy_before=<a> accuracy_after=<b>`, greedy accuracy on the held-out prompts
 (llm/predict/predictor.py) before and after.
+
+On-policy distillation (`--distill`): the sum task's SFT and GRPO as above, then the SFT model (the student)
+learns from the GRPO policy (the teacher) with config/tiny/distill_argument.json: rl_algorithm on_policy_distill,
+no reward server or rule, the teacher's log-probs of the student's own samples the only signal. The last line
+printed is `accuracy_student_before=<a> accuracy_student_after=<b> accuracy_teacher=<c>`, greedy accuracy on the
+held-out prompts (llm/predict/predictor.py).
 
 The tool task (`--tools`): two-digit products with a `calc` tool, which a 1M-parameter model cannot compute
 alone. Build the tokenizer with Qwen2.5's tool tags, a tiny Qwen2 and the products' data; SFT on
@@ -42,6 +49,7 @@ SFT_CONFIG = "config/tiny/sft_argument.json"
 GRPO_CONFIG = "config/tiny/grpo_argument.json"
 SFT_TOOL_CONFIG = "config/tiny/sft_tool_argument.json"
 GRPO_TOOL_CONFIG = "config/tiny/grpo_tool_argument.json"
+DISTILL_CONFIG = "config/tiny/distill_argument.json"
 PREFERENCE_CONFIGS = {"dpo": "config/tiny/dpo_argument.json", "kto": "config/tiny/kto_argument.json"}
 
 
@@ -102,7 +110,7 @@ def grpo_env(nproc_per_node):
     return env
 
 
-def run_grpo(config, nproc_per_node, options=()):
+def launch_run_ppo(config, nproc_per_node, options=()):
     """run_ppo.py with `config` under paddle.distributed.launch, then `options`. The SFT model is new: an earlier
     demo's GRPO checkpoints must not be resumed (they would report that run's accuracy as this one's)."""
     run(
@@ -125,11 +133,17 @@ def sft_sum_model():
     return sft
 
 
-def sum_demo(args):
-    sft = sft_sum_model()
+def grpo_sum_policy(args):
+    """The sum task's GRPO run (config/tiny/grpo_argument.json) with its reward server; returns its config."""
     grpo = read_config(GRPO_CONFIG)
     with reward_server(grpo["reward_task"], args.port, os.path.join(REPO_ROOT, WORK_DIR, "reward_server.log")) as url:
-        run_grpo(GRPO_CONFIG, args.nproc_per_node, ["--reward_server", url])
+        launch_run_ppo(GRPO_CONFIG, args.nproc_per_node, ["--reward_server", url])
+    return grpo
+
+
+def sum_demo(args):
+    sft = sft_sum_model()
+    grpo = grpo_sum_policy(args)
     before = read_results(grpo["output_dir"], "initial_eval")["eval_accuracy"]
     after = read_results(grpo["output_dir"], "eval")["eval_accuracy"]
     print(f"\nGRPO policy: {grpo['output_dir']}/policy")
@@ -160,6 +174,20 @@ def preference_demo(kind):
     return f"accuracy_before={before:.4f} accuracy_after={after:.4f}"
 
 
+def distill_demo(args):
+    """SFT and GRPO on the sum task, then on-policy distillation of the SFT model from the GRPO policy."""
+    sft = sft_sum_model()
+    grpo_sum_policy(args)
+    config = read_config(DISTILL_CONFIG)
+    before = greedy_accuracy(sft["output_dir"], "sft")
+    teacher = greedy_accuracy(config["teacher_model_name_or_path"], "teacher")
+    launch_run_ppo(DISTILL_CONFIG, args.nproc_per_node)
+    after = greedy_accuracy(f"{config['output_dir']}/policy", "distilled")
+    print(f"\ndistilled student: {config['output_dir']}/policy (teacher: {config['teacher_model_name_or_path']})")
+    print(f"VisualDL logs: visualdl --logdir {WORK_DIR}/vdl_log  (distillation: {config['logging_dir']})")
+    return f"accuracy_student_before={before:.4f} accuracy_student_after={after:.4f} accuracy_teacher={teacher:.4f}"
+
+
 def tool_demo(args):
     python = sys.executable
     grpo = read_config(GRPO_TOOL_CONFIG)
@@ -169,9 +197,9 @@ def tool_demo(args):
     run([python, "-m", "llm.tools.build_tiny_model", "--tokenizer_dir", tokenizer_dir, "--output_dir", sft["model_name_or_path"]])
     run([python, "-m", "llm.tools.gen_calc", "--output_dir", os.path.dirname(sft["dataset_name_or_path"])])
     run([python, "llm/run_finetune.py", SFT_TOOL_CONFIG])
-    run_grpo(GRPO_TOOL_CONFIG, args.nproc_per_node)
+    launch_run_ppo(GRPO_TOOL_CONFIG, args.nproc_per_node)
     without = {"output_dir": grpo["output_dir"] + "-disabled", "logging_dir": grpo["logging_dir"] + "-disabled"}
-    run_grpo(GRPO_TOOL_CONFIG, args.nproc_per_node, ["--tools", "", *[f"--{k}={v}" for k, v in without.items()]])
+    launch_run_ppo(GRPO_TOOL_CONFIG, args.nproc_per_node, ["--tools", "", *[f"--{k}={v}" for k, v in without.items()]])
     before = read_results(grpo["output_dir"], "initial_eval")
     with_tool = read_results(grpo["output_dir"], "eval")
     without_tool = read_results(without["output_dir"], "eval")
@@ -191,6 +219,7 @@ def main():
     task.add_argument("--tools", action="store_true", help="the tool task (products with a calc tool) instead of the sum task")
     task.add_argument("--dpo", action="store_true", help="DPO on the sum task's preference pairs instead of GRPO")
     task.add_argument("--kto", action="store_true", help="KTO on the sum task's replies marked right or wrong instead of GRPO")
+    task.add_argument("--distill", action="store_true", help="GRPO, then on-policy distillation of the SFT model from the GRPO policy")
     parser.add_argument("--nproc_per_node", type=int, default=1, help="GRPO processes (CPU data parallel with gloo)")
     parser.add_argument("--port", type=int, default=8731, help="port of the sum task's reward server")
     args = parser.parse_args()
@@ -199,6 +228,8 @@ def main():
     os.makedirs(os.path.join(REPO_ROOT, WORK_DIR), exist_ok=True)
     if args.tools:
         summary = tool_demo(args)
+    elif args.distill:
+        summary = distill_demo(args)
     elif args.dpo or args.kto:
         summary = preference_demo("dpo" if args.dpo else "kto")
     else:

@@ -65,16 +65,18 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
     def __init__(
         self, model, reference_model, tokenizer, args, train_dataset, eval_dataset, reward_scorer,
         critic_model=None, ptx_dataset=None, lora_save_merged=False, export_hf=False, rollout=ColocatedRollout,
-        whole_models=None,
+        whole_models=None, teacher_model=None,
     ):
         """`rollout`: the engine (rollout/engines.py), called with the worker over this trainer's models; the
         default samples each batch in this process. `whole_models`: under pipeline parallel, where `model`
-        and `critic_model` are this rank's pipeline stages, the whole (actor, critic) the rollout runs on."""
+        and `critic_model` are this rank's pipeline stages, the whole (actor, critic) the rollout runs on.
+        `teacher_model`: the frozen teacher of on-policy distillation (its log-probs join the experience)."""
         super().__init__(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, tokenizer=tokenizer)
         seed_stages_alike(args.seed)  # after paddlenlp's Trainer seeded each pipeline stage apart again
         self.whole_models = whole_models
         rollout_actor, rollout_critic = whole_models or (model, critic_model)
         self.reference_model = reference_model
+        self.teacher_model = teacher_model
         self.reward_scorer = reward_scorer
         # A judge's rows without a readable verdict leave the batch (rewards/judge.py); other sources score every row.
         self.excludes_unread_rows = getattr(reward_scorer, "excludes_unscored", False)
@@ -85,6 +87,7 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         self.rollout = rollout(RolloutWorker(
             args, rollout_actor, tokenizer, reward_scorer, reference_model, rollout_critic,
             ExperienceNeeds.for_trainer(args, critic_model), autocast=self.autocast_smart_context_manager,
+            teacher=teacher_model,
         ))
         watchdog.WATCHDOG.configure(args.watchdog_timeout)
         if args.uses_reference_model and reference_model is None and not is_lora(model):
@@ -289,7 +292,7 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         self.offload = OffloadPlan.from_level(
             self.args.offload_level, self.args.device,
             # The reward model, when rewards come from one, sits in its scorer.
-            frozen=[self.reference_model, getattr(self.reward_scorer, "model", None)],
+            frozen=[self.reference_model, self.teacher_model, getattr(self.reward_scorer, "model", None)],
             trained=[self.model, self.critic],
             optimizers=[self.optimizer, getattr(self, "critic_optimizer", None)],
         )
@@ -482,7 +485,7 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
             )
         loss, stats = self.policy_objective.loss(
             logprobs, entropy, micro.old_logprobs, micro.ref_logprobs, micro.advantages, micro.response_mask, scale,
-            micro.rollout_logprobs, micro.turn_ids,
+            micro.rollout_logprobs, micro.turn_ids, micro.teacher_logprobs,
         )
         if self.ptx_batches is not None:
             with self.autocast_smart_context_manager():

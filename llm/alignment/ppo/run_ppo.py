@@ -27,7 +27,7 @@ from paddle_alignment.config.arguments import parse_arguments
 from paddle_alignment.data import PromptOnlyDataset, SupervisedDataset
 from paddle_alignment.distributed import finish_distributed_run
 from paddle_alignment.models.loading import load_tokenizer
-from paddle_alignment.models.rl_models import load_rl_models
+from paddle_alignment.models.rl_models import load_rl_models, load_teacher
 from paddle_alignment.pipeline_parallel import seed_stages_alike
 from paddle_alignment.rewards.scoring import build_reward_scorer, reference_checker
 from paddle_alignment.rollout import ColocatedRollout
@@ -92,6 +92,7 @@ def build_trainer(argv):
         export_hf=model_args.export_hf,
         rollout=functools.partial(DecoupledRollout, training_args, argv) if training_args.rollout_mode == "decoupled" else ColocatedRollout,
         whole_models=whole_models,
+        teacher_model=load_teacher(training_args, tokenizer),
     )
 
 

@@ -5,6 +5,7 @@ Importing this package registers every algorithm; the trainer looks them up by c
 
 from paddle_alignment.algos.registry import (  # noqa: F401
     ADVANTAGE_ESTIMATORS,
+    DISTILL_LOSSES,
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     LR_SCHEDULES,
@@ -14,4 +15,4 @@ from paddle_alignment.algos.registry import (  # noqa: F401
     ROLLOUT_CORRECTIONS,
     UNPAIRED_PREFERENCE_LOSSES,
 )
-from paddle_alignment.algos import advantages, kl, losses, metrics, pairwise, preference, reward_shaping, rollout_correction, schedules, token_stats  # noqa: E402,F401
+from paddle_alignment.algos import advantages, distillation, kl, losses, metrics, pairwise, preference, reward_shaping, rollout_correction, schedules, token_stats  # noqa: E402,F401

@@ -69,3 +69,6 @@ PREFERENCE_LOSSES = Registry("preference loss (loss_type)", reference=True, leng
 UNPAIRED_PREFERENCE_LOSSES = Registry("unpaired preference loss (loss_type)", kl_baseline=True)
 # level: what one weight covers: "token", or "sequence" (the same weight on each of its tokens).
 ROLLOUT_CORRECTIONS = Registry("rollout correction (rollout_correction)", level="token")
+# signal: how the teacher's signal trains the student: "advantage" (a per-token value added to the advantages,
+# which the policy loss optimises).
+DISTILL_LOSSES = Registry("distillation loss (distill_loss)", signal="advantage")

@@ -3,8 +3,8 @@
 Keys, meanings and defaults follow PaddleNLP's RL arguments (`paddlenlp/rl/utils/config_utils.py`), so
 its configs run here unchanged; its keys that change nothing here are accepted with a log line saying
 why (paddlenlp_keys.py). The training keys are grouped by concern (batch sizes, rollout, algorithm,
-schedule, reward, critic, decoupled rollout, memory layout, logging, model kernels), each group a dataclass
-in a module of this package (batch.py, rollout.py, algorithm.py, reward.py, critic.py, multi_turn.py,
+schedule, reward, distillation, critic, decoupled rollout, memory layout, logging, model kernels), each group a dataclass
+in a module of this package (batch.py, rollout.py, algorithm.py, reward.py, distillation.py, critic.py, multi_turn.py,
 decoupled.py, layout.py, run.py; the model and data keys in model.py) that validates its own keys;
 `RLTrainingArguments` here joins them with paddlenlp's TrainingArguments into one flat set of keys. Everything is checked at start: unknown keys and impossible combinations stop the run
 with a message naming the key. docs/configuration.md is generated from the help strings here
@@ -23,6 +23,7 @@ from paddle_alignment.config.batch import BatchSizeArguments
 from paddle_alignment.config.checks import check_non_negative
 from paddle_alignment.config.critic import CriticArguments
 from paddle_alignment.config.decoupled import DecoupledRolloutArguments
+from paddle_alignment.config.distillation import DistillationArguments
 from paddle_alignment.config.layout import ModelKernelArguments, ParallelLayoutArguments
 from paddle_alignment.config.model import DataArgument, ModelArgument
 from paddle_alignment.config.multi_turn import MultiTurnArguments
@@ -36,7 +37,7 @@ from paddle_alignment.distributed import rendezvous_each_gloo_group_apart
 @dataclass
 class RLTrainingArguments(
     BatchSizeArguments, RolloutArguments, AlgorithmArguments, ScheduleArguments, RewardArguments, JudgeArguments,
-    CriticArguments, MultiTurnArguments, DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments,
+    DistillationArguments, CriticArguments, MultiTurnArguments, DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments,
     WatchdogArguments, ModelKernelArguments, TrainingArguments,
 ):
     """The training arguments of run_ppo: paddlenlp's TrainingArguments and the groups above, as one flat set of
@@ -61,6 +62,7 @@ class RLTrainingArguments(
         self.validate_rollout()
         self.validate_reward()
         self.validate_judge()
+        self.validate_distillation()
         self.validate_critic()
         self.validate_run()
         self.validate_schedule()
@@ -107,7 +109,7 @@ class RLTrainingArguments(
 
 GROUPS = (
     BatchSizeArguments, RolloutArguments, AlgorithmArguments, ScheduleArguments, RewardArguments, JudgeArguments,
-    CriticArguments, MultiTurnArguments, DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments,
+    DistillationArguments, CriticArguments, MultiTurnArguments, DecoupledRolloutArguments, ParallelLayoutArguments, LoggingArguments,
     WatchdogArguments, ModelKernelArguments,
 )
 
@@ -147,11 +149,13 @@ def validate_across(parsed, given=None):
     if model_args and training_args:
         sources = [training_args.use_rm_server, training_args.use_rule_reward, model_args.reward_model_name_or_path is not None,
                    training_args.uses_judge]
-        if sum(sources) > 1 or (sum(sources) == 0 and not training_args.environment_paths):
+        sourceless = training_args.environment_paths or training_args.rl_algorithm == "on_policy_distill"
+        if sum(sources) > 1 or (sum(sources) == 0 and not sourceless):
             raise ValueError(
                 "set exactly one reward source: use_rm_server (reward server), use_rule_reward (in-process rule), "
                 "reward_model_name_or_path (reward model) or a judge (judge_model_name_or_path or judge_server); with an "
-                "environment, none (its returns are the scores)"
+                "environment, or with rl_algorithm on_policy_distill, none (the environment's returns are the scores; "
+                "the teacher is the signal)"
             )
     if model_args and not model_args.lora:
         for key in ("lora_path", "lora_target_modules", "lora_save_merged"):
@@ -183,12 +187,15 @@ def check_ptx(data_args, training_args):
 
 
 def check_pipeline_training(model_args, data_args, training_args):
-    """What the pipeline-parallel policy and value models do not train yet: LoRA adapters and the ptx loss."""
+    """What the pipeline-parallel policy and value models do not train yet: LoRA adapters, the ptx loss and a
+    distillation teacher."""
     degree = f"pipeline_parallel_degree={training_args.pipeline_parallel_degree}"
     if model_args.lora:
         raise ValueError(f"lora with {degree}: the pipeline stages train whole weights; train LoRA adapters with data parallel or sharding stage1")
     if data_args.ptx_datasets:
         raise ValueError(f"ptx_datasets with {degree}: the pipeline's loss is the policy objective alone; drop ptx_datasets or pipeline parallel")
+    if training_args.uses_teacher:
+        raise ValueError(f"teacher_model_name_or_path with {degree}: the pipeline's loss does not take the teacher's log-probs yet; distil with data or tensor parallel")
     logger.info(
         f"{degree}: the update runs micro-batches of per_device_train_batch_size rows at the batch's width, whole "
         "rows and whole logits on the last stage (use_dynamic_batch_size, share_prompt_forward and "

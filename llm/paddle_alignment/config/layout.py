@@ -58,7 +58,7 @@ class ParallelLayoutArguments:
     )
     offload_level: str = field(
         default="",
-        metadata={"help": "GPU only: any of freeze_model (reference and reward models), optimizer (optimizer states), train_model (actor and critic), space separated, kept in pinned host memory except while used. On CPU it has no effect, and says so once."},
+        metadata={"help": "GPU only: any of freeze_model (reference, teacher and reward models), optimizer (optimizer states), train_model (actor and critic), space separated, kept in pinned host memory except while used. On CPU it has no effect, and says so once."},
     )
     offload_optim: bool = field(default=False, metadata={"help": "Offload the optimizer states (adds optimizer to offload_level)."})
 

@@ -13,7 +13,7 @@ import paddle
 from paddlenlp.transformers.llama.modeling import LlamaLMHead
 from paddlenlp.transformers.qwen2.modeling import Qwen2LMHead
 
-from paddle_alignment.algos import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS
+from paddle_alignment.algos import DISTILL_LOSSES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS
 from paddle_alignment.algos.losses import LossScale, clipped_value_loss
 from paddle_alignment.algos.masked import masked_mean
 from paddle_alignment.algos.registry import call_with_options, from_config
@@ -60,6 +60,8 @@ class PolicyObjective:
     rollout_is_threshold: float = 2.0
     rollout_is_threshold_lower: float = 0.5
     max_turns: int = 1  # of multi-turn trajectories: the turns the mismatch is measured per
+    distill_coeff: float = 0.0
+    distill_loss: str = "reverse_kl"
 
     @classmethod
     def from_args(cls, args):
@@ -67,7 +69,8 @@ class PolicyObjective:
         return from_config(cls, args)
 
     def __post_init__(self):
-        for name, registry in (("policy_loss", POLICY_LOSSES), ("kl_estimator", KL_ESTIMATORS), ("loss_agg_mode", LOSS_AGGREGATIONS)):
+        for name, registry in (("policy_loss", POLICY_LOSSES), ("kl_estimator", KL_ESTIMATORS), ("loss_agg_mode", LOSS_AGGREGATIONS),
+                               ("distill_loss", DISTILL_LOSSES)):
             registry.get(getattr(self, name))  # an unknown name stops here, naming its key's choices
         if self.rollout_correction:
             ROLLOUT_CORRECTIONS.get(self.rollout_correction)
@@ -84,24 +87,29 @@ class PolicyObjective:
         return token_logprobs_and_entropy(logits, labels, self.temperature)[0]
 
     def __call__(self, logits, labels, old_logprobs, ref_logprobs, advantages, response_mask, scale=None,
-                 rollout_logprobs=None, turn_ids=None):
+                 rollout_logprobs=None, turn_ids=None, teacher_logprobs=None):
         """`logits` [B, R, V] predict the response tokens `labels` [B, R]; see `loss`."""
         logprobs, token_entropy = token_logprobs_and_entropy(logits, labels, self.temperature)
         return self.loss(logprobs, token_entropy, old_logprobs, ref_logprobs, advantages, response_mask, scale,
-                         rollout_logprobs, turn_ids)
+                         rollout_logprobs, turn_ids, teacher_logprobs)
 
     def loss(self, logprobs, token_entropy, old_logprobs, ref_logprobs, advantages, response_mask, scale=None,
-             rollout_logprobs=None, turn_ids=None):
+             rollout_logprobs=None, turn_ids=None, teacher_logprobs=None):
         """The objective from the current log-probs and entropies of the response tokens [B, R] (see
         `response_token_stats`); `old_logprobs` None means on-policy (the detached current log-probs); `scale`
         (a LossScale) makes the loss this micro-batch's share of the optimizer step's (None: the micro-batch
         alone); `rollout_logprobs`: the sampler's (None: no correction, no mismatch metrics); `turn_ids`: each
-        token's turn in multi-turn trajectories (the mismatch per turn too). Returns (loss, stats)."""
+        token's turn in multi-turn trajectories (the mismatch per turn too); `teacher_logprobs`: a distillation
+        teacher's (see `distilled`). Returns (loss, stats)."""
         old_logprobs = logprobs.detach() if old_logprobs is None else old_logprobs
         scale = scale or LossScale.of(response_mask, self.max_dec_len)
+        distill_stats = {}
+        if teacher_logprobs is not None:
+            advantages, distill_stats = self.distilled(advantages, old_logprobs, teacher_logprobs, response_mask)
         token_loss, stats = call_with_options(
             POLICY_LOSSES.get(self.policy_loss), logprobs, old_logprobs, advantages, response_mask, **asdict(self)
         )
+        stats |= distill_stats
         if rollout_logprobs is not None:
             token_loss = self.corrected(token_loss, old_logprobs, rollout_logprobs, response_mask, stats)
             if turn_ids is not None:
@@ -124,6 +132,23 @@ class PolicyObjective:
                 objective = objective + self.kl_loss_coeff * token_kl
             stats["kl"] = self.aggregate(token_kl.detach(), response_mask)
         return self.aggregate(objective, response_mask, scale), stats
+
+    def distilled(self, advantages, old_logprobs, teacher_logprobs, response_mask):
+        """The advantages plus distill_coeff x the distillation loss's per-token advantages (algos/distillation.py),
+        from the behaviour policy's log-probs `old_logprobs`: the teacher's signal is a reward of the sampled
+        tokens, fixed when they were sampled. With distill_coeff 0 they are unchanged (the teacher is only
+        measured). Stats: the token means of the sampled tokens' reverse KL and the teacher's log-probs."""
+        with paddle.no_grad():
+            mask = response_mask.astype(old_logprobs.dtype)
+            tokens = mask.sum()
+            stats = {
+                "distill/reverse_kl": (((old_logprobs - teacher_logprobs) * mask).sum(), tokens),
+                "distill/teacher_logprob_mean": ((teacher_logprobs * mask).sum(), tokens),
+            }
+        if self.distill_coeff:
+            signal = DISTILL_LOSSES.get(self.distill_loss)(old_logprobs, teacher_logprobs, response_mask)
+            advantages = advantages + self.distill_coeff * signal
+        return advantages, stats
 
     def corrected(self, token_loss, old_logprobs, rollout_logprobs, response_mask, stats):
         """`token_loss` weighted by the rollout correction of the trainer-vs-sampler log-ratio (unchanged

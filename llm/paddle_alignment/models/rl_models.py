@@ -1,5 +1,5 @@
 """The models of an RL run, as its config names them: the actor (optionally with LoRA adapters), the frozen
-reference and reward models, and the critic; from the checkpoint being resumed where it has them. Used by
+reference, reward and distillation-teacher models, and the critic; from the checkpoint being resumed where it has them. Used by
 run_ppo.py for the trainer and by a decoupled sampler for its rollout worker."""
 
 import os
@@ -7,7 +7,7 @@ import os
 from paddlenlp.peft import LoRAConfig, LoRAModel
 from paddlenlp.trl.llm_utils import get_lora_target_modules
 
-from paddle_alignment.models.loading import frozen, load_causal_lm, load_score_model
+from paddle_alignment.models.loading import frozen, load_causal_lm, load_score_model, load_tokenizer
 
 
 def checkpoint_or(path, training_args, name):
@@ -70,3 +70,37 @@ def load_rl_models(model_args, training_args, with_critic=True):
         if training_args.critic_recompute:
             critic.recompute_enable()
     return actor, reference, reward_model, critic
+
+
+def load_teacher(training_args, tokenizer):
+    """The frozen distillation teacher of `teacher_model_name_or_path` (None without one), loaded like the
+    reference (tensor parallel, precision). Its log-probs are read at the student's token ids, so a teacher whose
+    tokenizer maps tokens to other ids, or whose vocabulary is smaller, is refused naming both folders."""
+    path = training_args.teacher_model_name_or_path
+    if not path:
+        return None
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"teacher_model_name_or_path={path!r} is not a folder")
+    student = tokenizer.name_or_path
+    try:
+        teacher_tokenizer = load_tokenizer(path)
+    except Exception as error:
+        raise ValueError(
+            f"teacher_model_name_or_path={path!r}: its tokenizer does not load ({error}); the teacher scores the "
+            f"student's token ids, so its folder must hold the tokenizer it shares with the student ({student})"
+        ) from None
+    student_vocab, teacher_vocab = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    if student_vocab != teacher_vocab:
+        differ = sorted(t for t in student_vocab.keys() | teacher_vocab.keys() if student_vocab.get(t) != teacher_vocab.get(t))
+        raise ValueError(
+            f"the teacher's tokenizer ({path}, {len(teacher_vocab)} tokens) is not the student's ({student}, "
+            f"{len(student_vocab)} tokens): {len(differ)} tokens have other ids, e.g. {differ[:5]}; on-policy "
+            "distillation compares their log-probs of the same token ids"
+        )
+    teacher = frozen(load_causal_lm(path, training_args))
+    if teacher.config.vocab_size < len(tokenizer):
+        raise ValueError(
+            f"the teacher ({path}) predicts {teacher.config.vocab_size} token ids, fewer than the student's tokenizer's "
+            f"{len(tokenizer)} ({student})"
+        )
+    return teacher

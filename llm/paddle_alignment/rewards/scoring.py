@@ -97,7 +97,8 @@ class RewardModelScorer:
 
 class EnvironmentReturnsOnly:
     """No reward source: with an environment (agents/environments.py), a trajectory's score is its environment
-    return alone, which the rollout worker adds to every score; this scorer adds nothing to it."""
+    return alone, which the rollout worker adds to every score; this scorer adds nothing to it. In pure on-policy
+    distillation (rl_algorithm on_policy_distill) the teacher is the signal and every score is 0."""
 
     task_name = None
     max_score = None

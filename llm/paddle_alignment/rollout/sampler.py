@@ -4,9 +4,9 @@
         --trainer_pid PID [--idle_priority] -- <the trainer's own arguments>
 
 It builds a rollout worker from the trainer's arguments (tokenizer, policy with its LoRA adapters, reference
-model, reward; no trainer, no critic, no datasets) and serves requests in order: load the policy version a
-request names, sample its prompts with its seed, score them, and complete them with the behaviour policy's and
-the reference's log-probs (ExperienceNeeds.for_sampler). Each event goes to its log (rollout_dir/sampler-<i>.log), whose last lines the trainer
+model, teacher, reward; no trainer, no critic, no datasets) and serves requests in order: load the policy version a
+request names, sample its prompts with its seed, score them, and complete them with the behaviour policy's,
+the reference's and the teacher's log-probs (ExperienceNeeds.for_sampler). Each event goes to its log (rollout_dir/sampler-<i>.log), whose last lines the trainer
 shows when the sampler fails or misses its deadline.
 """
 
@@ -31,7 +31,7 @@ from paddlenlp.trainer import set_seed  # noqa: E402
 from paddle_alignment.config.arguments import parse_arguments  # noqa: E402
 from paddle_alignment.models.loading import load_tokenizer  # noqa: E402
 from paddle_alignment.models.precision import trainer_autocast  # noqa: E402
-from paddle_alignment.models.rl_models import load_rl_models  # noqa: E402
+from paddle_alignment.models.rl_models import load_rl_models, load_teacher  # noqa: E402
 from paddle_alignment.rewards.scoring import build_reward_scorer  # noqa: E402
 from paddle_alignment.rollout.decode import greedy_responses  # noqa: E402
 from paddle_alignment.rollout.decoupled import process_alive, ready_file  # noqa: E402
@@ -58,7 +58,7 @@ def announce(folder, index, endpoint):
 
 def build_worker(trainer_argv):
     """The rollout worker of the trainer's config: its policy (weights from the trainer, so never from a
-    checkpoint), reference and reward, with the trainer's mixed precision."""
+    checkpoint), reference, teacher and reward, with the trainer's mixed precision."""
     model_args, _, training_args = parse_arguments(trainer_argv)
     training_args.resume_from_checkpoint = None
     paddle.set_device(training_args.device)
@@ -69,6 +69,7 @@ def build_worker(trainer_argv):
     return RolloutWorker(
         training_args, policy, tokenizer, build_reward_scorer(training_args, reward_model, reward_tokenizer, greedy_responses), reference,
         needs=ExperienceNeeds.for_sampler(training_args), autocast=trainer_autocast(training_args, policy),
+        teacher=load_teacher(training_args, tokenizer),
     )
 
 

@@ -1,8 +1,8 @@
 """The rollout worker: everything that turns prompts into experience, owned in one place.
 
-It holds the sampling policy, the frozen reference model, the critic, the reward scorer and the tokenizer;
-it generates and scores (`generate_sequences`), and completes the experience with what the run needs
-(`complete`: behaviour and reference log-probs, values), told at construction (`ExperienceNeeds`). The
+It holds the sampling policy, the frozen reference model (and a distillation teacher), the critic, the reward
+scorer and the tokenizer; it generates and scores (`generate_sequences`), and completes the experience with what
+the run needs (`complete`: behaviour, reference and teacher log-probs, values), told at construction (`ExperienceNeeds`). The
 trainer's rollout engine owns one over the trainer's models (rollout/engines.py); a decoupled sampler
 process builds one from the config (rollout/sampler.py `build_worker`) and loads each policy version the
 trainer publishes (`update_weights`). No trainer is involved in either: the trainer asks its engine for
@@ -62,13 +62,14 @@ def turn_replies(args, tokenizer):
 @dataclass(frozen=True)
 class ExperienceNeeds:
     """What a run's experience holds beyond its scored rollouts: the behaviour policy's log-probs by the
-    trainer's forward (old_logprobs), the reference's, the critic's values, and whether the sampler's own
-    log-probs (rollout_logprobs) must be there (a rollout correction weights the loss by them)."""
+    trainer's forward (old_logprobs), the reference's, a distillation teacher's, the critic's values, and whether
+    the sampler's own log-probs (rollout_logprobs) must be there (a rollout correction weights the loss by them)."""
 
     behaviour: bool = False
     reference: bool = False
     values: bool = False
     sampler_logprobs: bool = False
+    teacher: bool = False
 
     @classmethod
     def for_trainer(cls, args, critic=None):
@@ -76,18 +77,18 @@ class ExperienceNeeds:
         so the old log-probs equal the current ones (detached) and their forward is saved, unless the token
         rewards need them before the update (a KL penalty in the reward)."""
         behaviour = args.optimizer_steps_per_rl_step > 1 or args.kl_in_reward
-        return cls(behaviour, args.uses_reference_model, critic is not None, bool(args.rollout_correction))
+        return cls(behaviour, args.uses_reference_model, critic is not None, bool(args.rollout_correction), args.uses_teacher)
 
     @classmethod
     def for_sampler(cls, args):
         """A decoupled sampler's: its batches train a policy that has moved since they were sampled, so they
         bring the log-probs of the policy that sampled them (the trainer's engine checks the rest)."""
-        return cls(behaviour=True, reference=args.uses_reference_model)
+        return cls(behaviour=True, reference=args.uses_reference_model, teacher=args.uses_teacher)
 
 
 class RolloutWorker:
-    """Generation, scoring and the completion of experience by one policy, with the reference model, critic
-    and reward of its config.
+    """Generation, scoring and the completion of experience by one policy, with the reference model, critic,
+    distillation teacher and reward of its config.
 
     `needs`: what `complete` adds to the scored rollouts (ExperienceNeeds). `autocast`: a factory of the
     mixed-precision context the passes run in (the trainer's own, so that rollout and training run the same
@@ -96,14 +97,17 @@ class RolloutWorker:
     """
 
     def __init__(self, args, policy, tokenizer, reward_scorer, reference_model=None, critic=None, needs=None,
-                 autocast=contextlib.nullcontext):
+                 autocast=contextlib.nullcontext, teacher=None):
         self.args = args
         self.policy = policy
         self.tokenizer = tokenizer
         self.reward_scorer = reward_scorer
         self.reference_model = reference_model
         self.critic = critic
+        self.teacher = teacher
         self.needs = needs or ExperienceNeeds()
+        if self.needs.teacher and teacher is None:
+            raise ValueError("the run distils from a teacher (teacher_model_name_or_path), but no teacher model was handed to the rollout worker")
         self.autocast = autocast
         self.offload = OffloadPlan({}, None, None)
         self.sampling = SamplingConfig.from_args(args)
@@ -121,7 +125,7 @@ class RolloutWorker:
 
     def complete(self, exp):
         """`exp` (scored rollouts) with what the run needs and it lacks (`self.needs`): the behaviour policy's
-        log-probs, the reference's, the critic's values. What a decoupled sampler brought is not computed again."""
+        log-probs, the reference's, the teacher's, the critic's values. What a decoupled sampler brought is not computed again."""
         if self.needs.sampler_logprobs and exp.rollout_logprobs is None:
             raise ValueError(
                 f"rollout_correction={self.args.rollout_correction} weights the loss by the sampler's log-probs, which only "
@@ -135,6 +139,9 @@ class RolloutWorker:
                 exp.values = self.compute_values(exp)
         if self.needs.reference and exp.ref_logprobs is None:
             exp.ref_logprobs = self.compute_reference_logprobs(exp)
+        if self.needs.teacher and exp.teacher_logprobs is None:
+            with self.offload.on_device("freeze_model"):
+                exp.teacher_logprobs = self.compute_logprobs(self.teacher, exp)
         return exp
 
     def generate(self, prompts, seed):

@@ -128,11 +128,26 @@ def test_command_line_overrides_the_file(tmp_path):
         ({"environment": "envs.Guess"}, "environment: 'envs.Guess' is not module:Class"),
         ({"environment": "envs:Guess", "tools": "tools:calc"}, "tools and environment together"),
         ({"environment": "envs:Guess", "turn_reward_discount": 0}, "turn_reward_discount must lie in \\(0, 1\\]"),
+        ({"rl_algorithm": "on_policy_distill", "use_rule_reward": False}, "on_policy_distill learns from a teacher alone: set teacher_model_name_or_path"),
+        ({"teacher_model_name_or_path": "teacher", "distill_loss": "forward"}, "distill_loss='forward' is not available"),
+        ({"teacher_model_name_or_path": "teacher", "distill_coeff": -1.0}, "distill_coeff must be >= 0"),
     ],
 )
 def test_bad_configs_fail_naming_the_key(tmp_path, changes, message):
     with pytest.raises(ValueError, match=message):
         parse(tmp_path, **changes)
+
+
+def test_pure_distillation_needs_no_reward_source(tmp_path):
+    _, _, args = parse(tmp_path, use_rule_reward=False, rl_algorithm="on_policy_distill", teacher_model_name_or_path="teacher")
+    assert args.uses_teacher and not (args.use_rule_reward or args.use_rm_server or args.uses_judge)
+
+
+def test_a_distillation_teacher_under_pipeline_parallel_is_refused(tmp_path):
+    model_args, data_args, args = parse(tmp_path, teacher_model_name_or_path="teacher")
+    args.pipeline_parallel_degree = 2
+    with pytest.raises(ValueError, match="teacher_model_name_or_path with pipeline_parallel_degree=2"):
+        check_pipeline_training(model_args, data_args, args)
 
 
 def test_an_environment_may_be_the_only_reward_source(tmp_path):

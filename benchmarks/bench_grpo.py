@@ -47,8 +47,8 @@ DEMO_SFT = os.path.join(REPO_ROOT, "tiny_demo", "checkpoints", "sft")
 # pass without gradient: the reference model's, and the actor's old log-probs where the algorithm needs them
 # (compute_logprobs called inside compute_reference_logprobs is counted once).
 PHASES = {"make_experience": "rollout", "compute_reference_logprobs": "reference", "compute_logprobs": "reference",
-          "compute_values": "values", "update": "update"}
-WORKER_METHODS = ("compute_reference_logprobs", "compute_logprobs", "compute_values")
+          "compute_teacher_logprobs": "teacher", "compute_values": "values", "update": "update"}
+WORKER_METHODS = ("compute_reference_logprobs", "compute_logprobs", "compute_teacher_logprobs", "compute_values")
 
 
 def time_phases(trainer):

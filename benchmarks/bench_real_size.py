@@ -8,6 +8,7 @@ bandwidth limit; with --trl_python, TRL's GRPOTrainer on the same model, work an
     python benchmarks/bench_real_size.py --work /tmp/real_size --mode packing --rows 1 4 16   # packed weights or not
     ... --trl_python /path/to/venv/bin/python                                        # TRL's step beside ours
     ... --pipeline_parallel_degree 2        # also the step at PP2 over 2 processes: each rank's peak, the weight move
+    ... --layers 2 --teacher_layers 24      # on-policy distillation: a 24-layer teacher scores a 2-layer student's samples
 
 The model is a random Qwen2.5-0.5B (llm/tools/build_real_model.py: hidden 896, 24 layers, vocabulary
 151,936, tied embeddings, 494M parameters; `--layers 2` cuts it to 166M), or the architecture `--name` gives
@@ -31,6 +32,9 @@ With --pipeline_parallel_degree N the same step also runs over N processes (`pad
 the actor trained as N pipeline stages and the rollout on a whole copy per rank (eval_mode single); it
 prints each rank's step peak RSS beside the one process's, and the seconds the stages' weights took to move
 into the copies after the update.
+With --teacher_layers N the step also distils from a teacher of the same architecture with N layers (its
+log-probs of every sampled token, distill_coeff 1 beside the rule's GRPO advantages, docs/distillation.md), and
+prints the teacher pass's share of the step (teacher_share_of_step).
 Prints `key=value` lines; the last is ours_vs_trl=<ratio> with --trl_python.
 """
 
@@ -65,13 +69,21 @@ def step_peak_rss_gb():
     return int(line.split()[1]) / 2**20
 
 
-def build_world(args):
-    """The model folder and the prompts file under --work (made once, in a subprocess: its memory is not ours)."""
-    model = os.path.join(args.work, f"{args.name}-{args.layers}l")
+def model_folder(args, layers):
+    """The random model of --name with `layers` layers under --work (made once, in a subprocess: its memory is not ours)."""
+    model = os.path.join(args.work, f"{args.name}-{layers}l")
     if not os.path.isfile(os.path.join(model, "config.json")):
         command = [sys.executable, os.path.join(REPO_ROOT, "llm", "tools", "build_real_model.py"), "--name", args.name,
-                   "--num_layers", str(args.layers), "--dtype", "float32", "--output_dir", model]
+                   "--num_layers", str(layers), "--dtype", "float32", "--output_dir", model]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return model
+
+
+def build_world(args):
+    """The model folder (and the teacher's with --teacher_layers) and the prompts file under --work."""
+    model = model_folder(args, args.layers)
+    if args.teacher_layers:
+        model_folder(args, args.teacher_layers)
     prompts = os.path.join(args.work, f"prompts-{args.prompts}x{args.prompt_tokens}.jsonl")
     if not os.path.isfile(prompts):
         from paddle_alignment.models.loading import pretrained_tokenizer
@@ -130,6 +142,7 @@ def run_ours(args, model, prompts):
         "--share_prompt_forward", "true" if args.share_prompt_forward else "false",
         "--max_steps", "1", "--disable_tqdm", "true",
         "--pipeline_parallel_degree", str(args.internal_pipeline),
+        *(["--teacher_model_name_or_path", model_folder(args, args.teacher_layers)] if args.teacher_layers else []),
     ])
     trainer.prepare_training()
     batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size)
@@ -216,6 +229,8 @@ def step(args, model, prompts):
     print(f"peak_rss_gb={ours['peak_rss_gb']:.2f}")
     print(f"peak_over_static={ours['peak_rss_gb'] / ours['static_gb']:.2f}")
     print(f"ours_seconds_per_step={ours['seconds']:.1f}")
+    if args.teacher_layers:
+        print(f"teacher_share_of_step={ours['phases']['teacher'] / ours['seconds']:.3f}")
     if args.pipeline_parallel_degree > 1:
         pipeline_step(args, ours)
     if args.trl_python:
@@ -370,6 +385,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=10, help="--mode packing's steps per variant and row count")
     parser.add_argument("--trl_python", default=None, help="a Python with torch, transformers and trl (see bench_trl_grpo.py)")
     parser.add_argument("--pipeline_parallel_degree", type=int, default=1, help="also run the step over this many pipeline stages")
+    parser.add_argument("--teacher_layers", type=int, default=0, help="also distil from a teacher of --name with this many layers")
     parser.add_argument("--internal_ours", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--internal_pipeline", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()

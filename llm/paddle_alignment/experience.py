@@ -26,6 +26,9 @@ class Experience:
                                      use the detached current ones)
     ref_logprobs     [B, R] float32  reference-model log-probs (None without a KL term)
     teacher_logprobs [B, R] float32  a distillation teacher's log-probs of the sampled tokens (None without one)
+    teacher_topk_ids [B, R, K] int64 a distribution-matching teacher's (distill_loss gkd) K most likely tokens
+                                     at each response position, and their log-probs teacher_topk_logprobs
+                                     [B, R, K] float32 (None otherwise)
     advantages       [B, R] float32
     values           [B, R] float32  critic values at rollout time (PPO)
     returns          [B, R] float32  the critic's targets (PPO)
@@ -56,6 +59,8 @@ class Experience:
     old_logprobs: Optional[paddle.Tensor] = None
     ref_logprobs: Optional[paddle.Tensor] = None
     teacher_logprobs: Optional[paddle.Tensor] = None
+    teacher_topk_ids: Optional[paddle.Tensor] = None
+    teacher_topk_logprobs: Optional[paddle.Tensor] = None
     advantages: Optional[paddle.Tensor] = None
     values: Optional[paddle.Tensor] = None
     returns: Optional[paddle.Tensor] = None
@@ -71,8 +76,8 @@ class Experience:
         return self.input_ids.shape[0]
 
     # The fields with a response axis [B, R] (the rest are per row, or [B, P+R]).
-    RESPONSE_FIELDS = ("response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs", "teacher_logprobs", "advantages",
-                       "values", "returns", "turn_ids")
+    RESPONSE_FIELDS = ("response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs", "teacher_logprobs", "teacher_topk_ids",
+                       "teacher_topk_logprobs", "advantages", "values", "returns", "turn_ids")
 
     def real_lengths(self):
         """(prompt lengths, response lengths) of each row [B], as numpy int arrays: the attended tokens of each
@@ -122,12 +127,9 @@ class Experience:
             groups.append(b.group_index + offset)
             offset += int(b.group_index.max()) + 1
 
-        def pad(tensor, value, left, right):
-            return paddle.nn.functional.pad(tensor, [left, right], value=value, mode="constant", data_format="NL")
-
         def widen(b, name, value, with_prompt):
             left = prompt_len - b.prompt_len if with_prompt else 0
-            return pad(getattr(b, name), value, left, response_len - b.response_mask.shape[1])
+            return padded_on_axis_1(getattr(b, name), left, response_len - b.response_mask.shape[1], value)
 
         merged = {
             "input_ids": paddle.concat([widen(b, "input_ids", pad_token_id, True) for b in batches]),
@@ -139,7 +141,8 @@ class Experience:
         for name in ("scores", "score_parts", "unscored", "rewards", "turn_stats", "env_returns"):  # present once scored (or multi-turn)
             if all(getattr(b, name) is not None for b in batches):
                 merged[name] = paddle.concat([getattr(b, name) for b in batches])
-        for name in ("rollout_logprobs", "old_logprobs", "ref_logprobs", "teacher_logprobs", "turn_ids"):  # present when recorded at sampling time
+        for name in ("rollout_logprobs", "old_logprobs", "ref_logprobs", "teacher_logprobs", "teacher_topk_ids",
+                     "teacher_topk_logprobs", "turn_ids"):  # present when recorded at sampling time
             if all(getattr(b, name) is not None for b in batches):
                 merged[name] = paddle.concat([widen(b, name, 0.0, False) for b in batches])
         for name in ("prompts", "labels", "responses"):
@@ -157,3 +160,10 @@ class Experience:
     @staticmethod
     def from_numpy(values):
         return Experience(**{name: paddle.to_tensor(v) if isinstance(v, np.ndarray) else v for name, v in values.items()})
+
+
+def padded_on_axis_1(tensor, left, right, value=0):
+    """`tensor` ([B, L] or [B, L, K]) with `left` and `right` columns of `value` added on its second axis."""
+    pad = [0, 0] * tensor.ndim
+    pad[2:4] = [left, right]
+    return paddle.nn.functional.pad(tensor, pad, value=value, mode="constant")

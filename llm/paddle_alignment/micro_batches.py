@@ -16,6 +16,7 @@ import paddle
 import paddle.distributed as dist
 
 from paddle_alignment.distributed import all_reduce_scalars
+from paddle_alignment.experience import padded_on_axis_1
 
 
 def padded_tokens(prompt, response, rows):
@@ -80,15 +81,19 @@ class MicroBatching:
         return exp.take(rows).trimmed() if self.dynamic else exp.take(rows)
 
     def run(self, exp, pass_fn, lockstep=False):
-        """`pass_fn(micro)` -> [b, r] per-token values of each micro-batch of all of `exp`'s rows, put back
-        together as [B, R] in `exp`'s row order, zero where a micro-batch was narrower. `lockstep`: as many
-        micro-batches on every data rank (the most any needs), for a model whose forwards hold collectives."""
+        """`pass_fn(micro)` -> per-token values [b, r] (or [b, r, k], or a tuple of such) of each micro-batch of all
+        of `exp`'s rows, put back together as [B, R] (...) in `exp`'s row order, zero where a micro-batch was
+        narrower. `lockstep`: as many micro-batches on every data rank (the most any needs), for a model whose
+        forwards hold collectives."""
         width = exp.response_mask.shape[1]
         rows = range(len(exp))
         batches = self.splits_in_lockstep(exp, [rows], "a pass")[0] if lockstep else self.split(exp, rows)
         parts, order = [], []
         for rows in batches:
             values = pass_fn(self.micro_batch(exp, rows))
-            parts.append(paddle.nn.functional.pad(values, [0, width - values.shape[1]], data_format="NL"))
+            values = values if isinstance(values, tuple) else (values,)
+            parts.append([padded_on_axis_1(value, 0, width - value.shape[1]) for value in values])
             order += rows
-        return paddle.gather(paddle.concat(parts), paddle.to_tensor(np.argsort(order), dtype="int64"))
+        restored = paddle.to_tensor(np.argsort(order), dtype="int64")
+        results = tuple(paddle.gather(paddle.concat(column), restored) for column in zip(*parts))
+        return results if len(results) > 1 else results[0]

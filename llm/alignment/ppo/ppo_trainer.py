@@ -479,13 +479,14 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         """The policy objective on a micro-batch, plus ptx_coeff x the language-model loss of a ptx
         micro-batch (a mean per micro-batch, so averaged over the accumulation steps)."""
         with self.autocast_smart_context_manager():
-            logprobs, entropy = response_token_stats(
+            # With a distribution-matching distillation loss, also the student's log-probs of the teacher's top tokens.
+            logprobs, entropy, *student_topk = response_token_stats(
                 self.model_wrapped, micro, self.args.temperature, self.args.logprob_chunk_tokens,
-                share_prompts=self.args.share_prompt_forward,
+                share_prompts=self.args.share_prompt_forward, extra_ids=micro.teacher_topk_ids,
             )
         loss, stats = self.policy_objective.loss(
             logprobs, entropy, micro.old_logprobs, micro.ref_logprobs, micro.advantages, micro.response_mask, scale,
-            micro.rollout_logprobs, micro.turn_ids, micro.teacher_logprobs,
+            micro.rollout_logprobs, micro.turn_ids, micro.teacher_logprobs, micro.teacher_topk_logprobs, *student_topk,
         )
         if self.ptx_batches is not None:
             with self.autocast_smart_context_manager():

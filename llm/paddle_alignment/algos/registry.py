@@ -70,5 +70,5 @@ UNPAIRED_PREFERENCE_LOSSES = Registry("unpaired preference loss (loss_type)", kl
 # level: what one weight covers: "token", or "sequence" (the same weight on each of its tokens).
 ROLLOUT_CORRECTIONS = Registry("rollout correction (rollout_correction)", level="token")
 # signal: how the teacher's signal trains the student: "advantage" (a per-token value added to the advantages,
-# which the policy loss optimises).
+# which the policy loss optimises) or "loss" (a divergence of distributions added to the objective).
 DISTILL_LOSSES = Registry("distillation loss (distill_loss)", signal="advantage")

@@ -23,7 +23,7 @@ from paddle.autograd import PyLayer
 from paddle.base import core
 
 from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
-from paddle_alignment.models.tensor_parallel import is_dist_tensor
+from paddle_alignment.models.tensor_parallel import is_dist_tensor, whole
 
 DEFAULT_CHUNK_TOKENS = 512
 
@@ -112,3 +112,47 @@ def head_token_stats(hidden, weight, transpose, labels, temperature=1.0, chunk_t
         hidden.reshape([tokens, width]), weight, flat_labels, transpose, float(temperature), int(chunk_tokens)
     )
     return logprobs.reshape([batch, length]), entropy.reshape([batch, length])
+
+
+@paddle.no_grad()
+def head_topk_logprobs(hidden, weight, transpose, labels, k, temperature=1.0, chunk_tokens=DEFAULT_CHUNK_TOKENS):
+    """(log p(labels) [B, R], the k largest log-probs [B, R, k] and their token ids [B, R, k]) of
+    softmax(hidden @ head / temperature), float32, no gradient: a teacher's distribution at each position without
+    its whole [B, R, V] logits, `chunk_tokens` positions at a time (0: all)."""
+    batch, length, width = hidden.shape
+    flat, flat_labels = hidden.reshape([batch * length, width]), labels.reshape([batch * length])
+    parts = [
+        topk_logprobs(head_logits(flat[start:end], weight, transpose), flat_labels[start:end], k, temperature)
+        for start, end in chunk_bounds(flat.shape[0], chunk_tokens if chunk_tokens > 0 else flat.shape[0])
+    ]
+    label_logprobs, top, ids = (paddle.concat(column) for column in zip(*parts))
+    return label_logprobs.reshape([batch, length]), top.reshape([batch, length, -1]), ids.reshape([batch, length, -1])
+
+
+@paddle.no_grad()
+def topk_logprobs(logits, labels, k, temperature=1.0):
+    """(log p(labels) [...], the k largest log-probs [..., k], their ids [..., k]) of softmax(logits [..., V] /
+    temperature), float32; k at least V: the whole distribution, most likely first."""
+    logprobs = paddle.nn.functional.log_softmax(whole(logits).astype("float32") / temperature, axis=-1)
+    top, ids = paddle.topk(logprobs, min(k, logprobs.shape[-1]), axis=-1)
+    return paddle.take_along_axis(logprobs, labels.unsqueeze(-1).astype("int64"), axis=-1).squeeze(-1), top, ids
+
+
+def head_rows(weight, transpose, ids):
+    """The head's weight vectors of the token `ids` [...]: [..., H] (weight [H, V], or [V, H] with `transpose`)."""
+    flat = ids.reshape([-1])
+    rows = paddle.gather(weight, flat, axis=0) if transpose else paddle.gather(weight, flat, axis=1).T
+    return rows.reshape([*ids.shape, rows.shape[-1]])
+
+
+def logprobs_at(hidden, weight, transpose, labels, label_logprobs, ids, temperature=1.0):
+    """log p(ids) [B, R, K] under softmax(hidden @ head / temperature), with gradients, given log p(labels) [B, R]
+    as head_token_stats took them (with theirs): the log-partition is logit(label) / temperature - log p(label),
+    so only the K + 1 tokens' logits are computed at each position, never the vocabulary's (K + 1 head rows of
+    H values per position are held for the backward)."""
+    rows = head_rows(weight, transpose, paddle.concat([labels.unsqueeze(-1).astype(ids.dtype), ids], axis=-1))
+    if rows.dtype != hidden.dtype:
+        rows = rows.astype(hidden.dtype)
+    logits = paddle.matmul(rows, hidden.unsqueeze(-1)).squeeze(-1).astype("float32") / temperature  # [B, R, K + 1]
+    log_partition = logits[:, :, 0] - label_logprobs
+    return logits[:, :, 1:] - log_partition.unsqueeze(-1)

@@ -21,7 +21,7 @@ from paddle_alignment.algos.rollout_correction import mismatch_metrics, turn_mis
 from paddle_alignment.algos.token_stats import position_ids_from_mask
 from paddle_alignment.distributed import sliced_by_sharding
 from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
-from paddle_alignment.models.head_logprobs import DEFAULT_CHUNK_TOKENS, head_token_stats
+from paddle_alignment.models.head_logprobs import DEFAULT_CHUNK_TOKENS, head_token_stats, head_topk_logprobs, logprobs_at, topk_logprobs
 from paddle_alignment.models.shared_prompts import prepare_for_shared_prompts, shared_prompt_groups
 from paddle_alignment.models.tensor_parallel import is_dist_tensor
 
@@ -62,6 +62,7 @@ class PolicyObjective:
     max_turns: int = 1  # of multi-turn trajectories: the turns the mismatch is measured per
     distill_coeff: float = 0.0
     distill_loss: str = "reverse_kl"
+    distill_beta: float = 0.5
 
     @classmethod
     def from_args(cls, args):
@@ -87,20 +88,28 @@ class PolicyObjective:
         return token_logprobs_and_entropy(logits, labels, self.temperature)[0]
 
     def __call__(self, logits, labels, old_logprobs, ref_logprobs, advantages, response_mask, scale=None,
-                 rollout_logprobs=None, turn_ids=None, teacher_logprobs=None):
+                 rollout_logprobs=None, turn_ids=None):
         """`logits` [B, R, V] predict the response tokens `labels` [B, R]; see `loss`."""
         logprobs, token_entropy = token_logprobs_and_entropy(logits, labels, self.temperature)
         return self.loss(logprobs, token_entropy, old_logprobs, ref_logprobs, advantages, response_mask, scale,
-                         rollout_logprobs, turn_ids, teacher_logprobs)
+                         rollout_logprobs, turn_ids)
+
+    @property
+    def matches_distributions(self):
+        """The distillation loss compares the teacher's and the student's distributions at each position (their
+        top tokens' log-probs), not only the sampled tokens' log-probs."""
+        return DISTILL_LOSSES.traits(self.distill_loss).signal == "loss"
 
     def loss(self, logprobs, token_entropy, old_logprobs, ref_logprobs, advantages, response_mask, scale=None,
-             rollout_logprobs=None, turn_ids=None, teacher_logprobs=None):
+             rollout_logprobs=None, turn_ids=None, teacher_logprobs=None, teacher_topk_logprobs=None,
+             student_topk_logprobs=None):
         """The objective from the current log-probs and entropies of the response tokens [B, R] (see
         `response_token_stats`); `old_logprobs` None means on-policy (the detached current log-probs); `scale`
         (a LossScale) makes the loss this micro-batch's share of the optimizer step's (None: the micro-batch
         alone); `rollout_logprobs`: the sampler's (None: no correction, no mismatch metrics); `turn_ids`: each
         token's turn in multi-turn trajectories (the mismatch per turn too); `teacher_logprobs`: a distillation
-        teacher's (see `distilled`). Returns (loss, stats)."""
+        teacher's (see `distilled`); `teacher_topk_logprobs`, `student_topk_logprobs` [B, R, K]: the teacher's and
+        the student's log-probs of the teacher's top tokens at each position (see `divergence`). Returns (loss, stats)."""
         old_logprobs = logprobs.detach() if old_logprobs is None else old_logprobs
         scale = scale or LossScale.of(response_mask, self.max_dec_len)
         distill_stats = {}
@@ -126,6 +135,8 @@ class PolicyObjective:
             # Like every `loss/*` statistic, this micro-batch's share of the step's value (see LossScale).
             stats["loss/policy_avg"] = self.aggregate(token_loss, response_mask, scale)
             stats["entropy"] = masked_mean(token_entropy, response_mask)
+        if student_topk_logprobs is not None:
+            objective = self.with_divergence(objective, student_topk_logprobs, teacher_topk_logprobs, response_mask, scale, stats)
         if ref_logprobs is not None:
             token_kl = self.kl_fn(logprobs, ref_logprobs)
             if self.kl_loss_coeff > 0:
@@ -145,10 +156,23 @@ class PolicyObjective:
                 "distill/reverse_kl": (((old_logprobs - teacher_logprobs) * mask).sum(), tokens),
                 "distill/teacher_logprob_mean": ((teacher_logprobs * mask).sum(), tokens),
             }
-        if self.distill_coeff:
+        if self.distill_coeff and not self.matches_distributions:
             signal = DISTILL_LOSSES.get(self.distill_loss)(old_logprobs, teacher_logprobs, response_mask)
             advantages = advantages + self.distill_coeff * signal
         return advantages, stats
+
+    def with_divergence(self, objective, student_topk_logprobs, teacher_topk_logprobs, response_mask, scale, stats):
+        """The per-token objective plus distill_coeff x the distillation loss's divergence between the teacher's
+        and the student's distributions at each position (with distill_coeff 0 only measured); `loss/distill`
+        its share of the step's loss, `distill/divergence` its token mean."""
+        divergence = call_with_options(
+            DISTILL_LOSSES.get(self.distill_loss), student_topk_logprobs, teacher_topk_logprobs, response_mask, **asdict(self)
+        )
+        with paddle.no_grad():
+            mask = response_mask.astype(divergence.dtype)
+            stats["distill/divergence"] = ((divergence * mask).sum(), mask.sum())
+            stats["loss/distill"] = self.distill_coeff * self.aggregate(divergence.detach(), response_mask, scale)
+        return objective + self.distill_coeff * divergence if self.distill_coeff else objective
 
     def corrected(self, token_loss, old_logprobs, rollout_logprobs, response_mask, stats):
         """`token_loss` weighted by the rollout correction of the trainer-vs-sampler log-ratio (unchanged
@@ -279,12 +303,13 @@ def lm_head_skipped(head, positions):
         del head.forward
 
 
-def response_token_stats(model, exp, temperature=1.0, chunk_tokens=DEFAULT_CHUNK_TOKENS, share_prompts=False):
+def response_token_stats(model, exp, temperature=1.0, chunk_tokens=DEFAULT_CHUNK_TOKENS, share_prompts=False, extra_ids=None):
     """(log-probs, entropies) [B, R] of the response tokens under softmax(logits / temperature), with gradients
     when grad is enabled. Where the model's LM head allows (chunkable_lm_head), the head projects only the
     response positions and `chunk_tokens` of them at a time (models/head_logprobs.py): memory does not grow
     with the vocabulary times the batch; and with `share_prompts`, rows with the same prompt run its forward
-    once (shared_prompt_hidden). Otherwise from the whole response logits."""
+    once (shared_prompt_hidden). Otherwise from the whole response logits. With `extra_ids` [B, R, K] (a
+    distillation teacher's top tokens), a third output: their log-probs [B, R, K]."""
     labels = response_labels(exp)
     head = chunkable_lm_head(model)
     # Not under tensor parallel: there Paddle 3.3's backward through the shared keys and values stops ("empty
@@ -293,14 +318,40 @@ def response_token_stats(model, exp, temperature=1.0, chunk_tokens=DEFAULT_CHUNK
         warn_prompts_unshared()
         share_prompts = False
     if head is None:
-        return token_logprobs_and_entropy(response_logits(model, exp), labels, temperature)
+        logits = response_logits(model, exp)
+        stats = token_logprobs_and_entropy(logits, labels, temperature)
+        if extra_ids is None:
+            return stats
+        all_logprobs = paddle.nn.functional.log_softmax(logits.astype("float32") / temperature, axis=-1)
+        return (*stats, paddle.take_along_axis(all_logprobs, extra_ids, axis=-1))
+    hidden = response_hidden(model, head, exp, share_prompts)
+    transpose = getattr(head, "transpose_y", False)
+    stats = head_token_stats(hidden, head.weight, transpose, labels, temperature, chunk_tokens)
+    if extra_ids is None:
+        return stats
+    return (*stats, logprobs_at(hidden, head.weight, transpose, labels, stats[0], extra_ids, temperature))
+
+
+def response_hidden(model, head, exp, share_prompts=False):
+    """The hidden states that predict the response tokens [B, R, H] (`head`: the model's chunkable LM head)."""
     groups = shared_prompt_groups(exp) if share_prompts else None
     if groups is not None:
-        hidden = shared_prompt_hidden(model, head, exp, *groups)
-    else:
-        with lm_head_skipped(head, response_positions(exp)):
-            hidden = model_logits(model, exp)  # the head returns its input: hidden states
-    return head_token_stats(hidden, head.weight, getattr(head, "transpose_y", False), labels, temperature, chunk_tokens)
+        return shared_prompt_hidden(model, head, exp, *groups)
+    with lm_head_skipped(head, response_positions(exp)):
+        return model_logits(model, exp)  # the head returns its input: hidden states
+
+
+@paddle.no_grad()
+def response_topk_logprobs(model, exp, k, temperature=1.0, chunk_tokens=DEFAULT_CHUNK_TOKENS, share_prompts=False):
+    """(log-probs [B, R] of the response tokens, the k most likely tokens' log-probs and ids [B, R, k] at each
+    response position) under `model`, chunk by chunk from its hidden states where its head allows (as
+    response_token_stats), else from its whole response logits."""
+    labels = response_labels(exp)
+    head = chunkable_lm_head(model)
+    if head is None:
+        return topk_logprobs(response_logits(model, exp), labels, k, temperature)
+    hidden = response_hidden(model, head, exp, share_prompts and not is_dist_tensor(head.weight))
+    return head_topk_logprobs(hidden, head.weight, getattr(head, "transpose_y", False), labels, k, temperature, chunk_tokens)
 
 
 @functools.lru_cache(maxsize=None)

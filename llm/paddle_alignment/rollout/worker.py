@@ -27,10 +27,10 @@ from paddle_alignment.distributed import collective, is_distributed
 from paddle_alignment.experience import Experience
 from paddle_alignment.group_sharded import forwards_in_lockstep
 from paddle_alignment.micro_batches import MicroBatching
-from paddle_alignment.models.head_logprobs import head_token_stats
+from paddle_alignment.models.head_logprobs import head_token_stats, head_topk_logprobs
 from paddle_alignment.models.lora_utils import adapters_disabled
 from paddle_alignment.models.native_forward import NativeDecoder
-from paddle_alignment.models.ppo_model_utils import response_labels, response_token_stats, response_values
+from paddle_alignment.models.ppo_model_utils import response_labels, response_token_stats, response_topk_logprobs, response_values
 from paddle_alignment.models.shared_prompts import shared_prompt_groups
 from paddle_alignment.models.tensor_parallel import is_tensor_parallel, whole
 from paddle_alignment.offload import OffloadPlan
@@ -70,6 +70,7 @@ class ExperienceNeeds:
     values: bool = False
     sampler_logprobs: bool = False
     teacher: bool = False
+    teacher_topk: int = 0  # with the teacher: its this many most likely tokens at each position, and their log-probs
 
     @classmethod
     def for_trainer(cls, args, critic=None):
@@ -77,13 +78,14 @@ class ExperienceNeeds:
         so the old log-probs equal the current ones (detached) and their forward is saved, unless the token
         rewards need them before the update (a KL penalty in the reward)."""
         behaviour = args.optimizer_steps_per_rl_step > 1 or args.kl_in_reward
-        return cls(behaviour, args.uses_reference_model, critic is not None, bool(args.rollout_correction), args.uses_teacher)
+        return cls(behaviour, args.uses_reference_model, critic is not None, bool(args.rollout_correction), args.uses_teacher,
+                   args.teacher_topk)
 
     @classmethod
     def for_sampler(cls, args):
         """A decoupled sampler's: its batches train a policy that has moved since they were sampled, so they
         bring the log-probs of the policy that sampled them (the trainer's engine checks the rest)."""
-        return cls(behaviour=True, reference=args.uses_reference_model, teacher=args.uses_teacher)
+        return cls(behaviour=True, reference=args.uses_reference_model, teacher=args.uses_teacher, teacher_topk=args.teacher_topk)
 
 
 class RolloutWorker:
@@ -140,8 +142,11 @@ class RolloutWorker:
         if self.needs.reference and exp.ref_logprobs is None:
             exp.ref_logprobs = self.compute_reference_logprobs(exp)
         if self.needs.teacher and exp.teacher_logprobs is None:
-            with self.offload.on_device("freeze_model"):
-                exp.teacher_logprobs = self.compute_logprobs(self.teacher, exp)
+            taken = self.compute_teacher_logprobs(exp)
+            if self.needs.teacher_topk:
+                exp.teacher_logprobs, exp.teacher_topk_logprobs, exp.teacher_topk_ids = taken
+            else:
+                exp.teacher_logprobs = taken
         return exp
 
     def generate(self, prompts, seed):
@@ -203,28 +208,33 @@ class RolloutWorker:
         return multi_turn_rollouts(sample, self.tokenizer, items, n, sampling, self.replies, self.turns, seed)
 
     @paddle.no_grad()
-    def compute_logprobs(self, model, exp):
+    def compute_logprobs(self, model, exp, topk=0):
         """Log-probs of the response tokens under `model` at the sampling temperature: [B, R], in micro-batches
         of per_device_logprob_batch_size rows' tokens (micro_batches.py), the LM head applied logprob_chunk_tokens
         positions at a time. A float32 CPU Qwen2/Llama runs the native no-gradient forward (on the model's own
-        weight tensors)."""
+        weight tensors). With `topk`, also the log-probs and ids of the `topk` most likely tokens at each
+        position ([B, R, topk] each): (log-probs, top log-probs, top ids)."""
         native = NativeDecoder.for_model(model)  # None: the model's own forward (said once why)
         micro_batching = MicroBatching.from_args(self.args, self.args.per_device_logprob_batch_size)
         with tensor_parallel_waits(model, "the log-prob forward"):
-            return micro_batching.run(exp, lambda micro: self.batch_logprobs(model, native, micro), forwards_in_lockstep(model))
+            return micro_batching.run(exp, lambda micro: self.batch_logprobs(model, native, micro, topk), forwards_in_lockstep(model))
 
     @paddle.no_grad()
-    def batch_logprobs(self, model, native, exp):
+    def batch_logprobs(self, model, native, exp, topk=0):
         """compute_logprobs of `exp` in one forward (`native`: `model`'s NativeDecoder, or None): a micro-batch,
         or the weight-sync probe (sync_check.py), which is too small to split."""
-        chunk_tokens, temperature = self.args.logprob_chunk_tokens, self.sampling.temperature
+        chunk_tokens, temperature, share = self.args.logprob_chunk_tokens, self.sampling.temperature, self.args.share_prompt_forward
         with self.autocast():
             if native is None:
-                return whole(response_token_stats(model, exp, temperature, chunk_tokens, self.args.share_prompt_forward)[0])
-            groups = shared_prompt_groups(exp) if self.args.share_prompt_forward else None
+                if topk:
+                    return response_topk_logprobs(model, exp, topk, temperature, chunk_tokens, share)
+                return whole(response_token_stats(model, exp, temperature, chunk_tokens, share)[0])
+            groups = shared_prompt_groups(exp) if share else None
             hidden = native.response_hidden(exp.input_ids, exp.attention_mask, exp.prompt_len, groups)
-            head = native.lm_head
-            return head_token_stats(hidden, head.weight, head.transpose, response_labels(exp), temperature, chunk_tokens)[0]
+            head, labels = native.lm_head, response_labels(exp)
+            if topk:
+                return head_topk_logprobs(hidden, head.weight, head.transpose, labels, topk, temperature, chunk_tokens)
+            return head_token_stats(hidden, head.weight, head.transpose, labels, temperature, chunk_tokens)[0]
 
     @paddle.no_grad()
     def compute_values(self, exp):
@@ -248,6 +258,12 @@ class RolloutWorker:
                 return self.compute_logprobs(self.reference_model, exp)
         with self.offload.on_device("train_model"), adapters_disabled(self.policy):
             return self.compute_logprobs(self.policy, exp)
+
+    def compute_teacher_logprobs(self, exp):
+        """The distillation teacher's log-probs of the sampled tokens, as compute_logprobs takes them; with
+        `needs.teacher_topk`, also its top tokens' log-probs and ids at each position."""
+        with self.offload.on_device("freeze_model"):
+            return self.compute_logprobs(self.teacher, exp, self.needs.teacher_topk)
 
     def update_weights(self, folder, version, timeout, trainer_alive, engine):
         """Load the policy version the trainer published in `folder` (decoupled rollout), waiting for it at most

@@ -1,8 +1,9 @@
-"""On-policy distillation end to end on the tiny world: a teacher of another size (3 layers, width 96, the
-student's tokenizer) scores the student's samples. A teacher with distill_coeff 0 leaves GRPO's step exactly;
-pure distillation (rl_algorithm on_policy_distill, no reward source) lowers the reverse KL; the step under
-tensor parallel equals one process's; a decoupled sampler brings the teacher's log-probs of its batches; a
-resumed run ends on the uninterrupted run's weights; a teacher with another tokenizer is refused."""
+"""On-policy distillation end to end on the tiny world, with each distillation loss (reverse_kl on the sampled
+tokens, gkd on the teacher's top tokens): a teacher of another size (3 layers, width 96, the student's
+tokenizer) scores the student's samples. A teacher with distill_coeff 0 leaves GRPO's step exactly; pure
+distillation (rl_algorithm on_policy_distill, no reward source) lowers the divergence; the step under tensor
+parallel equals one process's; a decoupled sampler brings the teacher's log-probs of its batches; a resumed run
+ends on the uninterrupted run's weights; a teacher with another tokenizer is refused."""
 
 import os
 
@@ -15,6 +16,9 @@ from llm.tools.build_tiny_model import build_tiny_model
 from llm.tools.build_tokenizer import build_tokenizer
 
 DISTILL = {"rl_algorithm": "on_policy_distill", "use_rule_reward": False, "kl_loss_coeff": 0.0, "eval_datasets": ""}
+# The tiny vocabulary's 259 tokens: 8 of them and the rest, a top-k smaller than the vocabulary.
+LOSSES = pytest.mark.parametrize("loss", [{"distill_loss": "reverse_kl"}, {"distill_loss": "gkd", "distill_topk": 8}],
+                                 ids=["reverse_kl", "gkd"])
 
 
 @pytest.fixture(scope="module")
@@ -25,34 +29,41 @@ def teacher(tiny_world, tmp_path_factory):
     return path
 
 
-def test_a_teacher_with_distill_coeff_zero_leaves_the_grpo_step_exactly(tiny_world, tmp_path, one_process_first_step, teacher):
+@LOSSES
+def test_a_teacher_with_distill_coeff_zero_leaves_the_grpo_step_exactly(tiny_world, tmp_path, one_process_first_step, teacher, loss):
     grpo = one_process_first_step("grpo")
-    measured = first_step(tiny_world, tmp_path, "teacher", processes=1, teacher_model_name_or_path=teacher, distill_coeff=0.0)
+    measured = first_step(tiny_world, tmp_path, "teacher", processes=1, teacher_model_name_or_path=teacher, distill_coeff=0.0, **loss)
     for key in ("loss/policy_avg", "grad_norm", "entropy", "reward_mean", "policy/clipfrac_avg"):
         assert measured[key] == grpo[key], key
     assert measured["weights"] == grpo["weights"]
     assert measured["distill/reverse_kl"] > 0.1  # the teacher was measured: a random one is far from the student
+    assert (measured.get("distill/divergence", 0) > 0) == (loss["distill_loss"] == "gkd")
 
 
-def test_pure_distillation_without_a_reward_source_lowers_the_reverse_kl(tiny_world, tmp_path):
+@LOSSES
+def test_pure_distillation_without_a_reward_source_lowers_the_reverse_kl(tiny_world, tmp_path, loss):
     """The untrained model learns from the fine-tuned one, with no reward: its samples' reverse KL to the
     teacher falls and the teacher likes them more."""
     run_grpo(tiny_world, tmp_path, actor_model_name_or_path=tiny_world["random_model"], teacher_model_name_or_path=tiny_world["model"],
              max_steps=8, learning_rate=1e-2, lr_scheduler_type="constant", save_steps=0, per_device_prompt_batch_size=8,
-             rollout_n=8, per_device_train_batch_size=64, **DISTILL)
+             rollout_n=8, per_device_train_batch_size=64, **DISTILL, **loss)
     reverse_kl = logged(tmp_path / "vdl", "train/distill/reverse_kl")
     teacher_logprobs = logged(tmp_path / "vdl", "train/distill/teacher_logprob_mean")
     assert len(reverse_kl) == 8 and len(teacher_logprobs) == 8
     assert np.mean(reverse_kl[-2:]) < 0.9 * np.mean(reverse_kl[:2]), reverse_kl
     assert np.mean(teacher_logprobs[-2:]) > np.mean(teacher_logprobs[:2]) + 0.8, teacher_logprobs
     assert not logged(tmp_path / "vdl", "train/accuracy")  # no reward source: nothing scored the samples
+    if loss["distill_loss"] == "gkd":
+        divergence = logged(tmp_path / "vdl", "train/distill/divergence")
+        assert np.mean(divergence[-2:]) < 0.9 * np.mean(divergence[:2]), divergence
 
 
 @pytest.mark.slow
-def test_the_distillation_step_under_tensor_parallel_equals_one_process(tiny_world, tmp_path, teacher):
+@LOSSES
+def test_the_distillation_step_under_tensor_parallel_equals_one_process(tiny_world, tmp_path, teacher, loss):
     """TP2: the student and the teacher split over both ranks; the first step's loss, reverse KL and weights
     equal one process's."""
-    changes = {"teacher_model_name_or_path": teacher, "distill_coeff": 0.5}
+    changes = {"teacher_model_name_or_path": teacher, "distill_coeff": 0.5, **loss}
     one = first_step(tiny_world, tmp_path, "one", processes=1, **changes)
     two = first_step(tiny_world, tmp_path, "two", processes=2, data_ranks=1, tensor_parallel_degree=2, **changes)
     log = (tmp_path / "two_log" / "workerlog.0").read_text(errors="replace")
@@ -64,12 +75,13 @@ def test_the_distillation_step_under_tensor_parallel_equals_one_process(tiny_wor
 
 
 @pytest.mark.slow
-def test_a_decoupled_sampler_brings_the_teachers_log_probs_of_its_batches(tiny_world, tmp_path, teacher):
-    trainer = run_ppo.build_trainer(run_argv(tiny_world, tmp_path, teacher, rollout_mode="decoupled", max_steps=3))
+@LOSSES
+def test_a_decoupled_sampler_brings_the_teachers_log_probs_of_its_batches(tiny_world, tmp_path, teacher, loss):
+    trainer = run_ppo.build_trainer(run_argv(tiny_world, tmp_path, teacher, rollout_mode="decoupled", max_steps=3, **loss))
     completed, complete = [], trainer.rollout.complete
 
     def keep(exp):
-        brought = exp.teacher_logprobs
+        brought = (exp.teacher_logprobs, exp.teacher_topk_logprobs, exp.teacher_topk_ids)
         exp = complete(exp)
         completed.append((exp, brought))
         return exp
@@ -77,10 +89,15 @@ def test_a_decoupled_sampler_brings_the_teachers_log_probs_of_its_batches(tiny_w
     trainer.rollout.complete = keep
     trainer.train()
     assert len(completed) == 3
+    worker = trainer.rollout.worker
     for exp, brought in completed:
-        assert brought is not None  # computed by the sampler, not again here
-        here = trainer.rollout.worker.compute_logprobs(trainer.teacher_model, exp)
-        np.testing.assert_allclose(brought.numpy(), here.numpy(), rtol=1e-5, atol=1e-5)
+        assert brought[0] is not None  # computed by the sampler, not again here
+        here = worker.compute_logprobs(trainer.teacher_model, exp, worker.needs.teacher_topk)
+        here = here if isinstance(here, tuple) else (here, None, None)
+        assert (brought[1] is not None) == (loss["distill_loss"] == "gkd")
+        for sampler, trainer_side in zip(brought, here):
+            if sampler is not None:
+                np.testing.assert_allclose(sampler.numpy(), trainer_side.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def run_argv(world, output_dir, teacher, **changes):
@@ -88,9 +105,10 @@ def run_argv(world, output_dir, teacher, **changes):
                                     lr_scheduler_type="constant", **{**DISTILL, **changes})]
 
 
-def test_a_resumed_distillation_ends_on_the_uninterrupted_runs_weights(tiny_world, tmp_path, teacher):
+@LOSSES
+def test_a_resumed_distillation_ends_on_the_uninterrupted_runs_weights(tiny_world, tmp_path, teacher, loss):
     """Two updates per batch (update_iters 2): the teacher's signal is taken at the behaviour policy's log-probs."""
-    common = {"teacher_model_name_or_path": teacher, "max_steps": 4, "update_iters": 2, "save_steps": 2, **DISTILL}
+    common = {"teacher_model_name_or_path": teacher, "max_steps": 4, "update_iters": 2, "save_steps": 2, **DISTILL, **loss}
     run_grpo(tiny_world, tmp_path / "straight", **common)
     run_grpo(tiny_world, tmp_path / "resumed", **common, resume_from_checkpoint=tmp_path / "straight" / "checkpoint-2")
     straight, resumed = weights(tmp_path / "straight" / "policy"), weights(tmp_path / "resumed" / "policy")

@@ -91,3 +91,102 @@ def test_a_teacher_with_distill_coeff_zero_leaves_the_loss_and_gradient_exactly_
 def test_an_unknown_distillation_loss_is_refused_naming_the_choices():
     with pytest.raises(ValueError, match=r"distill_loss.*'reverse_kl'"):
         PolicyObjective(distill_loss="forward_kll")
+
+
+# ---- gkd: the generalised JSD over the teacher's top tokens -------------------------------------------------
+
+VOCAB = 7
+STUDENT_LOGITS = RNG.normal(0, 1.5, size=(2, 3, VOCAB)).astype("float32").astype("float64")
+TEACHER_LOGITS = RNG.normal(0, 1.5, size=(2, 3, VOCAB)).astype("float32").astype("float64")
+GKD_MASK = np.array([[1, 1, 0], [1, 1, 1]], dtype="float32")
+
+
+def numpy_log_softmax(logits):
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def numpy_kl(log_p, log_q):
+    return (np.exp(log_p) * (log_p - log_q)).sum(axis=-1)
+
+
+def numpy_gkd(student_logits, teacher_logits, mask, beta, k):
+    """TRL's generalized_jsd_loss per token, on the teacher's top-k tokens plus the rest as one outcome (k = V:
+    the whole distributions, TRL's own)."""
+    student, teacher = numpy_log_softmax(student_logits), numpy_log_softmax(teacher_logits)
+    top = np.argsort(-teacher, axis=-1)[..., :k]
+    s, t = np.take_along_axis(student, top, -1), np.take_along_axis(teacher, top, -1)
+    if k < VOCAB:
+        s = np.concatenate([s, np.log1p(-np.exp(s).sum(-1, keepdims=True))], -1)
+        t = np.concatenate([t, np.log1p(-np.exp(t).sum(-1, keepdims=True))], -1)
+    if beta == 0:
+        div = numpy_kl(t, s)
+    elif beta == 1:
+        div = numpy_kl(s, t)
+    else:
+        m = np.logaddexp(s + np.log(1 - beta), t + np.log(beta))
+        div = beta * numpy_kl(t, m) + (1 - beta) * numpy_kl(s, m)
+    return div * mask
+
+
+def paddle_gkd(student_logits, beta, k):
+    """generalized_jsd as the trainer calls it: the teacher's top-k (topk_logprobs), the student's log-probs of
+    those tokens from its logits."""
+    from paddle_alignment.models.head_logprobs import topk_logprobs
+
+    teacher_labels = paddle.zeros([2, 3], dtype="int64")
+    _, teacher_top, ids = topk_logprobs(tensor(TEACHER_LOGITS), teacher_labels, k)
+    student = paddle.take_along_axis(paddle.nn.functional.log_softmax(student_logits, axis=-1), ids, axis=-1)
+    return DISTILL_LOSSES.get("gkd")(student, teacher_top, tensor(GKD_MASK), distill_beta=beta)
+
+
+@pytest.mark.parametrize("k", [VOCAB, 3])
+@pytest.mark.parametrize("beta", [0.0, 0.5, 0.9, 1.0])
+def test_gkd_equals_trls_generalized_jsd_in_value_and_gradient(beta, k):
+    """k = V: TRL's loss on the whole distributions; k < V: on the top k and the rest, to 1e-6. The gradient with
+    respect to the student's logits against central differences of the NumPy formula."""
+    logits = tensor(STUDENT_LOGITS, trainable=True)
+    divergence = paddle_gkd(logits, beta, k)
+    np.testing.assert_allclose(divergence.numpy(), numpy_gkd(STUDENT_LOGITS, TEACHER_LOGITS, GKD_MASK, beta, k), rtol=1e-5, atol=1e-6)
+    divergence.sum().backward()
+    step, gradient = 1e-4, np.zeros_like(STUDENT_LOGITS)
+    for index in np.ndindex(STUDENT_LOGITS.shape):
+        up, down = STUDENT_LOGITS.copy(), STUDENT_LOGITS.copy()
+        up[index] += step
+        down[index] -= step
+        gradient[index] = (numpy_gkd(up, TEACHER_LOGITS, GKD_MASK, beta, k).sum()
+                           - numpy_gkd(down, TEACHER_LOGITS, GKD_MASK, beta, k).sum()) / (2 * step)
+    np.testing.assert_allclose(logits.grad.numpy(), gradient, rtol=1e-4, atol=1e-5)
+
+
+def test_gkd_is_zero_where_the_student_is_the_teacher():
+    assert np.abs(paddle_gkd(tensor(TEACHER_LOGITS), 0.5, 3).numpy()).max() < 1e-6
+    assert DISTILL_LOSSES.traits("gkd").signal == "loss"
+
+
+def test_the_students_top_token_log_probs_from_head_rows_equal_the_whole_logits_in_value_and_gradient():
+    """logprobs_at takes log p(ids) from K + 1 head rows and the sampled token's log-prob (head_token_stats, in
+    chunks of 2 positions here); equal to log_softmax of the whole logits gathered, and so are the hidden states'
+    and the head's gradients (tied [V, H] head and untied [H, V])."""
+    from paddle_alignment.models.head_logprobs import head_token_stats, logprobs_at
+
+    hidden_values = RNG.normal(0, 1, size=(2, 3, 5)).astype("float32")
+    ids = paddle.to_tensor(RNG.integers(0, VOCAB, size=(2, 3, 4)), dtype="int64")
+    labels = paddle.to_tensor(RNG.integers(0, VOCAB, size=(2, 3)), dtype="int64")
+    weight_values = RNG.normal(0, 1, size=(VOCAB, 5)).astype("float32")
+    upstream = RNG.normal(size=(2, 3, 4))  # the backward's seed: a weighted sum of the log-probs
+    for transpose in (True, False):
+        results = []
+        for chunked in (True, False):
+            hidden = tensor(hidden_values, trainable=True)
+            weight = tensor(weight_values if transpose else weight_values.T, trainable=True)
+            if chunked:
+                label_logprobs = head_token_stats(hidden, weight, transpose, labels, 0.8, chunk_tokens=2)[0]
+                values = logprobs_at(hidden, weight, transpose, labels, label_logprobs, ids, 0.8)
+            else:
+                logits = paddle.matmul(hidden, weight, transpose_y=transpose) / 0.8
+                values = paddle.take_along_axis(paddle.nn.functional.log_softmax(logits, axis=-1), ids, axis=-1)
+            (values * tensor(upstream)).sum().backward()
+            results.append((values.numpy(), hidden.grad.numpy(), weight.grad.numpy()))
+        for chunked, whole_logits in zip(*results):
+            np.testing.assert_allclose(chunked, whole_logits, rtol=1e-5, atol=1e-6)

@@ -36,6 +36,7 @@ GROUP_TITLES = {
     "ScheduleArguments": "Learning-rate schedule",
     "RewardArguments": "Reward",
     "JudgeArguments": "LLM judge",
+    "DistillationArguments": "On-policy distillation",
     "CriticArguments": "Critic",
     "MultiTurnArguments": "Multi-turn rollouts with tools or environments",
     "DecoupledRolloutArguments": "Decoupled rollout",

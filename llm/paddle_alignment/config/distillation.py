@@ -12,7 +12,7 @@ class DistillationArguments:
 
     teacher_model_name_or_path: str = field(
         default="",
-        metadata={"help": "A frozen teacher (Paddle's or Hugging Face's layout; any size, the student's tokenizer) that scores every sampled token: its log-probs join the experience (teacher_logprobs) and distill_coeff x the distillation loss joins the advantages. Loaded and offloaded like the reference model."},
+        metadata={"help": "A frozen teacher (Paddle's or Hugging Face's layout; any size, the student's tokenizer) that scores every sampled token: its log-probs join the experience (teacher_logprobs) and distill_coeff x the distillation loss joins the advantages (reverse_kl) or the loss (gkd). Loaded and offloaded like the reference model."},
     )
     distill_coeff: float = field(
         default=1.0,

@@ -2,7 +2,7 @@
 tokens, gkd on the teacher's top tokens): a teacher of another size (3 layers, width 96, the student's
 tokenizer) scores the student's samples. A teacher with distill_coeff 0 leaves GRPO's step exactly; pure
 distillation (rl_algorithm on_policy_distill, no reward source) lowers the divergence; the step under tensor
-parallel equals one process's; a decoupled sampler brings the teacher's log-probs of its batches; a resumed run
+or data parallel equals one process's; a decoupled sampler brings the teacher's log-probs of its batches; a resumed run
 ends on the uninterrupted run's weights; a teacher with another tokenizer is refused."""
 
 import os
@@ -60,15 +60,18 @@ def test_pure_distillation_without_a_reward_source_lowers_the_reverse_kl(tiny_wo
 
 @pytest.mark.slow
 @LOSSES
-def test_the_distillation_step_under_tensor_parallel_equals_one_process(tiny_world, tmp_path, teacher, loss):
-    """TP2: the student and the teacher split over both ranks; the first step's loss, reverse KL and weights
-    equal one process's."""
+@pytest.mark.parametrize("layout", [{"data_ranks": 1, "tensor_parallel_degree": 2}, {}], ids=["tp2", "dp2"])
+def test_the_distillation_step_over_two_processes_equals_one_process(tiny_world, tmp_path, teacher, loss, layout):
+    """TP2 (the student and the teacher split over both ranks) and DP2 (each rank's half of the batch): the first
+    step's loss, the distillation metrics and the weights equal one process's."""
     changes = {"teacher_model_name_or_path": teacher, "distill_coeff": 0.5, **loss}
     one = first_step(tiny_world, tmp_path, "one", processes=1, **changes)
-    two = first_step(tiny_world, tmp_path, "two", processes=2, data_ranks=1, tensor_parallel_degree=2, **changes)
-    log = (tmp_path / "two_log" / "workerlog.0").read_text(errors="replace")
-    assert log.count("tensor-parallel ranks") >= 2  # the student and the teacher are split
-    for key in ("loss/policy_avg", "grad_norm", "distill/reverse_kl", "distill/teacher_logprob_mean"):
+    two = first_step(tiny_world, tmp_path, "two", processes=2, **layout, **changes)
+    if layout:
+        log = (tmp_path / "two_log" / "workerlog.0").read_text(errors="replace")
+        assert log.count("tensor-parallel ranks") >= 2  # the student and the teacher are split
+    keys = ["loss/policy_avg", "grad_norm", "distill/reverse_kl", "distill/teacher_logprob_mean"]
+    for key in keys + (["distill/divergence", "loss/distill"] if loss["distill_loss"] == "gkd" else []):
         assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
     names = sorted(one["weights"])
     np.testing.assert_allclose([two["weights"][n] for n in names], [one["weights"][n] for n in names], rtol=1e-6, atol=1e-5)

@@ -129,7 +129,8 @@ def objective(correction):
         policy_loss="ppo_clip", kl_estimator="k3", loss_agg_mode="token-mean", kl_loss_coeff=0.0, entropy_coeff=0.0,
         clip_range_ratio_low=0.2, clip_range_ratio_high=0.2, clip_ratio_c=3.0, temperature=1.0, pg_loss_coeff=1.0,
         sapo_tau_pos=1.0, sapo_tau_neg=1.05, max_dec_len=R, rollout_correction=correction,
-        rollout_is_threshold=UPPER, rollout_is_threshold_lower=LOWER, max_turns=1,
+        rollout_is_threshold=UPPER, rollout_is_threshold_lower=LOWER, max_turns=1, distill_coeff=0.0, distill_loss="reverse_kl",
+        distill_beta=0.5,
     )
     return PolicyObjective.from_args(args)
 

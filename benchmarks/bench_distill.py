@@ -10,7 +10,8 @@ rule as its reward (the demo scores through the reward server; the rule is the s
 config/tiny/distill_argument.json (rl_algorithm on_policy_distill, the GRPO policy as the teacher), once with
 its distill_loss reverse_kl and once with gkd, with the same rule given only to evaluate: their advantages take
 nothing from the reward. Prints one line per evaluation (samples drawn so far, each run's accuracy), the samples
-each run needed to close half and 90% of the gap between the student's and the teacher's accuracy, and last
+each run needed to close half and 90% of the gap between the student's and the teacher's accuracy (first
+reached, and held to the end of the run), and last
 `reverse_kl_samples_to_half_gap=<n> gkd_samples_to_half_gap=<n> grpo_samples_to_half_gap=<n>`.
 """
 
@@ -50,8 +51,12 @@ def accuracy_curve(name, args, work):
 
 
 def samples_to(curve, target):
-    """The fewest samples after which the accuracy reached `target` (None: never)."""
-    return next((samples for samples in sorted(curve) if curve[samples] >= target), None)
+    """(the fewest samples after which the accuracy reached `target`, the fewest after which it stayed there to
+    the end of the run); None: never."""
+    points = sorted(curve)
+    reached = next((samples for samples in points if curve[samples] >= target), None)
+    held = next((samples for i, samples in enumerate(points) if all(curve[later] >= target for later in points[i:])), None)
+    return reached, held
 
 
 def main():
@@ -81,9 +86,9 @@ def main():
     for share in (0.5, 0.9):
         target = student + share * (teacher - student)
         reached[share] = {name: samples_to(curve, target) for name, curve in curves.items()}
-        print(f"samples to close {share:.0%} of the gap (accuracy {target:.3f}): "
-              + ", ".join(f"{name} {reached[share][name]}" for name in RUNS))
-    print(" ".join(f"{name}_samples_to_half_gap={reached[0.5][name]}" for name in RUNS))
+        print(f"samples to close {share:.0%} of the gap (accuracy {target:.3f}), first reached / held to the end: "
+              + ", ".join(f"{name} {reached[share][name][0]} / {reached[share][name][1]}" for name in RUNS))
+    print(" ".join(f"{name}_samples_to_half_gap={reached[0.5][name][0]}" for name in RUNS))
 
 
 def teacher_accuracy(args, work):

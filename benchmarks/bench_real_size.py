@@ -25,7 +25,7 @@ each prompt once for the samples of a micro-batch (share_prompt_forward). Each t
 so each peak RSS is its own; both time their first step (no warm-up: one real-size step takes minutes).
 
 The static footprint is what a step must hold whatever its batch: the policy's weights, gradients and
-AdamW's two moments (4 copies of its parameters) and the reference model's weights, in float32. Peak RSS
+AdamW's two moments (4 copies of its parameters) and the reference model's (and a teacher's) weights, in float32. Peak RSS
 is the step's own (the kernel's high-water mark reset when the step starts, in each trainer's process),
 so that loading a checkpoint does not count.
 With --pipeline_parallel_degree N the same step also runs over N processes (`paddle.distributed.launch`),
@@ -142,7 +142,8 @@ def run_ours(args, model, prompts):
         "--share_prompt_forward", "true" if args.share_prompt_forward else "false",
         "--max_steps", "1", "--disable_tqdm", "true",
         "--pipeline_parallel_degree", str(args.internal_pipeline),
-        *(["--teacher_model_name_or_path", model_folder(args, args.teacher_layers)] if args.teacher_layers else []),
+        *(["--teacher_model_name_or_path", model_folder(args, args.teacher_layers), "--distill_loss", args.distill_loss]
+          if args.teacher_layers else []),
     ])
     trainer.prepare_training()
     batches = trainer.endless_batches("train", trainer.train_dataset, trainer.args.per_device_prompt_batch_size)
@@ -156,12 +157,14 @@ def run_ours(args, model, prompts):
         trainer.rollout.close()
     seconds = time.perf_counter() - started
     policy = sum(int(p.numel()) for p in trainer.model.parameters())
-    reference = sum(int(p.numel()) for p in trainer.rollout.worker.reference_model.parameters())
+    # Frozen weights: the reference's and, distilling, the teacher's.
+    frozen = sum(int(p.numel()) for model in (trainer.rollout.worker.reference_model, trainer.teacher_model)
+                 if model is not None for p in model.parameters())
     print(json.dumps({
         "rank": paddle.distributed.get_rank(), "weight_move_seconds": metrics.get("weight_move_seconds"),
         "seconds": seconds, "phases": dict(phases), "sampling": sampling["sampling"], "peak_rss_gb": step_peak_rss_gb(),
         "process_peak_rss_gb": peak_rss_gb(),
-        "static_gb": 4 * (4 * policy + reference) / 2**30, "parameters": policy,
+        "static_gb": 4 * (4 * policy + frozen) / 2**30, "parameters": policy,
         "response_tokens": int(exp.response_mask.sum()), "update_padding_ratio": metrics["update_padding_ratio"],
     }))
 
@@ -386,6 +389,7 @@ def main():
     parser.add_argument("--trl_python", default=None, help="a Python with torch, transformers and trl (see bench_trl_grpo.py)")
     parser.add_argument("--pipeline_parallel_degree", type=int, default=1, help="also run the step over this many pipeline stages")
     parser.add_argument("--teacher_layers", type=int, default=0, help="also distil from a teacher of --name with this many layers")
+    parser.add_argument("--distill_loss", default="reverse_kl", help="with --teacher_layers: reverse_kl or gkd")
     parser.add_argument("--internal_ours", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--internal_pipeline", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()

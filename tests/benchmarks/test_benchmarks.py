@@ -80,6 +80,22 @@ def test_bench_real_size_prints_its_figures(tmp_path):
     assert last.startswith("ours_seconds_per_step=") and float(last.split("=")[1]) > 0
     last = run_script("benchmarks/bench_real_size.py", *sizes, "--mode", "decode", "--new_tokens", "6")
     assert last.startswith("fast_over_bandwidth_limit=") and float(last.split("=")[1]) > 0
+    output = run_script("benchmarks/bench_real_size.py", *sizes, "--new_tokens", "4", "--micro_batch", "2", "--teacher_layers", "1",
+                        "--distill_loss", "gkd", last_line=False)
+    share = next(line for line in output.splitlines() if line.startswith("teacher_share_of_step="))
+    assert 0 < float(share.split("=")[1]) < 1
+
+
+def test_bench_distill_prints_its_figures(tiny_world, tmp_path):
+    """Two steps of each run, evaluated after each: the plumbing, not the figures (the teacher is the SFT model's
+    random start here)."""
+    output = run_script("benchmarks/bench_distill.py", "--model", tiny_world["model"], "--teacher", tiny_world["random_model"],
+                        "--train", tiny_world["train"], "--eval", tiny_world["eval"], "--every", "1", "--distill_steps", "2",
+                        "--grpo_steps", "2", "--work", str(tmp_path), last_line=False)
+    lines = output.strip().splitlines()
+    figures = dict(pair.split("=") for pair in lines[-1].split())
+    assert set(figures) == {"reverse_kl_samples_to_half_gap", "gkd_samples_to_half_gap", "grpo_samples_to_half_gap"}
+    assert any(line.startswith("samples | reverse_kl accuracy | gkd accuracy | grpo accuracy") for line in lines)
 
 
 def test_bench_dpo_prints_its_figures_and_reads_its_reference_cache(tmp_path):

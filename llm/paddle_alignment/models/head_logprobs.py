@@ -132,10 +132,23 @@ def head_topk_logprobs(hidden, weight, transpose, labels, k, temperature=1.0, ch
 @paddle.no_grad()
 def topk_logprobs(logits, labels, k, temperature=1.0):
     """(log p(labels) [...], the k largest log-probs [..., k], their ids [..., k]) of softmax(logits [..., V] /
-    temperature), float32; k at least V: the whole distribution, most likely first."""
-    logprobs = paddle.nn.functional.log_softmax(whole(logits).astype("float32") / temperature, axis=-1)
-    top, ids = paddle.topk(logprobs, min(k, logprobs.shape[-1]), axis=-1)
-    return paddle.take_along_axis(logprobs, labels.unsqueeze(-1).astype("int64"), axis=-1).squeeze(-1), top, ids
+    temperature), float32; k at least V: the whole distribution, most likely first. The top tokens are the top
+    logits, their log-probs from the labels' (logprobs_from_label): no log-softmax over the vocabulary, which
+    Paddle's CPU kernel takes minutes for at 151,936 entries."""
+    logits = whole(logits)
+    label_logprobs = token_logprobs_and_entropy(logits, labels, temperature)[0]
+    top, ids = paddle.topk(logits, min(k, logits.shape[-1]), axis=-1)
+    label_logits = paddle.take_along_axis(logits, labels.unsqueeze(-1).astype("int64"), axis=-1).squeeze(-1)
+    return label_logprobs, logprobs_from_label(top, label_logits, label_logprobs, temperature), ids
+
+
+def logprobs_from_label(token_logits, label_logits, label_logprobs, temperature=1.0):
+    """log p of the tokens whose logits are `token_logits` [..., K] under softmax(logits / temperature), given one
+    token's logit `label_logits` [...] and log-prob `label_logprobs` [...] under the same softmax: the
+    log-partition is label_logit / temperature - log p(label), so no pass over the vocabulary is needed.
+    Differentiable in all three."""
+    log_partition = label_logits.astype("float32") / temperature - label_logprobs
+    return token_logits.astype("float32") / temperature - log_partition.unsqueeze(-1)
 
 
 def head_rows(weight, transpose, ids):
@@ -147,12 +160,11 @@ def head_rows(weight, transpose, ids):
 
 def logprobs_at(hidden, weight, transpose, labels, label_logprobs, ids, temperature=1.0):
     """log p(ids) [B, R, K] under softmax(hidden @ head / temperature), with gradients, given log p(labels) [B, R]
-    as head_token_stats took them (with theirs): the log-partition is logit(label) / temperature - log p(label),
-    so only the K + 1 tokens' logits are computed at each position, never the vocabulary's (K + 1 head rows of
-    H values per position are held for the backward)."""
+    as head_token_stats took them (with theirs): only the K + 1 tokens' logits are computed at each position
+    (logprobs_from_label), never the vocabulary's; K + 1 head rows of H values per position are held for the
+    backward."""
     rows = head_rows(weight, transpose, paddle.concat([labels.unsqueeze(-1).astype(ids.dtype), ids], axis=-1))
     if rows.dtype != hidden.dtype:
         rows = rows.astype(hidden.dtype)
-    logits = paddle.matmul(rows, hidden.unsqueeze(-1)).squeeze(-1).astype("float32") / temperature  # [B, R, K + 1]
-    log_partition = logits[:, :, 0] - label_logprobs
-    return logits[:, :, 1:] - log_partition.unsqueeze(-1)
+    logits = paddle.matmul(rows, hidden.unsqueeze(-1)).squeeze(-1)  # [B, R, K + 1]
+    return logprobs_from_label(logits[:, :, 1:], logits[:, :, 0], label_logprobs, temperature)

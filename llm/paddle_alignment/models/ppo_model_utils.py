@@ -21,7 +21,9 @@ from paddle_alignment.algos.rollout_correction import mismatch_metrics, turn_mis
 from paddle_alignment.algos.token_stats import position_ids_from_mask
 from paddle_alignment.distributed import sliced_by_sharding
 from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
-from paddle_alignment.models.head_logprobs import DEFAULT_CHUNK_TOKENS, head_token_stats, head_topk_logprobs, logprobs_at, topk_logprobs
+from paddle_alignment.models.head_logprobs import (
+    DEFAULT_CHUNK_TOKENS, head_token_stats, head_topk_logprobs, logprobs_at, logprobs_from_label, topk_logprobs,
+)
 from paddle_alignment.models.shared_prompts import prepare_for_shared_prompts, shared_prompt_groups
 from paddle_alignment.models.tensor_parallel import is_dist_tensor
 
@@ -322,8 +324,9 @@ def response_token_stats(model, exp, temperature=1.0, chunk_tokens=DEFAULT_CHUNK
         stats = token_logprobs_and_entropy(logits, labels, temperature)
         if extra_ids is None:
             return stats
-        all_logprobs = paddle.nn.functional.log_softmax(logits.astype("float32") / temperature, axis=-1)
-        return (*stats, paddle.take_along_axis(all_logprobs, extra_ids, axis=-1))
+        label_logits = paddle.take_along_axis(logits, labels.unsqueeze(-1), axis=-1).squeeze(-1)
+        extra_logits = paddle.take_along_axis(logits, extra_ids, axis=-1)
+        return (*stats, logprobs_from_label(extra_logits, label_logits, stats[0], temperature))
     hidden = response_hidden(model, head, exp, share_prompts)
     transpose = getattr(head, "transpose_y", False)
     stats = head_token_stats(hidden, head.weight, transpose, labels, temperature, chunk_tokens)

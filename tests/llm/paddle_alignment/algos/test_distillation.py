@@ -166,9 +166,11 @@ def test_gkd_is_zero_where_the_student_is_the_teacher():
 
 def test_the_students_top_token_log_probs_from_head_rows_equal_the_whole_logits_in_value_and_gradient():
     """logprobs_at takes log p(ids) from K + 1 head rows and the sampled token's log-prob (head_token_stats, in
-    chunks of 2 positions here); equal to log_softmax of the whole logits gathered, and so are the hidden states'
-    and the head's gradients (tied [V, H] head and untied [H, V])."""
-    from paddle_alignment.models.head_logprobs import head_token_stats, logprobs_at
+    chunks of 2 positions here); a model without a chunkable head takes them from its whole logits and the sampled
+    token's log-prob (logprobs_from_label). Both equal log_softmax of the whole logits gathered, and so do the
+    hidden states' and the head's gradients (tied [V, H] head and untied [H, V])."""
+    from paddle_alignment.models.fused_kernels import token_logprobs_and_entropy
+    from paddle_alignment.models.head_logprobs import head_token_stats, logprobs_at, logprobs_from_label
 
     hidden_values = RNG.normal(0, 1, size=(2, 3, 5)).astype("float32")
     ids = paddle.to_tensor(RNG.integers(0, VOCAB, size=(2, 3, 4)), dtype="int64")
@@ -177,16 +179,32 @@ def test_the_students_top_token_log_probs_from_head_rows_equal_the_whole_logits_
     upstream = RNG.normal(size=(2, 3, 4))  # the backward's seed: a weighted sum of the log-probs
     for transpose in (True, False):
         results = []
-        for chunked in (True, False):
+        for way in ("head rows", "whole logits", "log_softmax"):
             hidden = tensor(hidden_values, trainable=True)
             weight = tensor(weight_values if transpose else weight_values.T, trainable=True)
-            if chunked:
+            logits = paddle.matmul(hidden, weight, transpose_y=transpose)
+            if way == "head rows":
                 label_logprobs = head_token_stats(hidden, weight, transpose, labels, 0.8, chunk_tokens=2)[0]
                 values = logprobs_at(hidden, weight, transpose, labels, label_logprobs, ids, 0.8)
+            elif way == "whole logits":
+                label_logprobs = token_logprobs_and_entropy(logits, labels, 0.8)[0]
+                label_logits = paddle.take_along_axis(logits, labels.unsqueeze(-1), axis=-1).squeeze(-1)
+                values = logprobs_from_label(paddle.take_along_axis(logits, ids, axis=-1), label_logits, label_logprobs, 0.8)
             else:
-                logits = paddle.matmul(hidden, weight, transpose_y=transpose) / 0.8
-                values = paddle.take_along_axis(paddle.nn.functional.log_softmax(logits, axis=-1), ids, axis=-1)
+                values = paddle.take_along_axis(paddle.nn.functional.log_softmax(logits / 0.8, axis=-1), ids, axis=-1)
             (values * tensor(upstream)).sum().backward()
             results.append((values.numpy(), hidden.grad.numpy(), weight.grad.numpy()))
-        for chunked, whole_logits in zip(*results):
-            np.testing.assert_allclose(chunked, whole_logits, rtol=1e-5, atol=1e-6)
+        for way in results[:2]:
+            for computed, expected in zip(way, results[2]):
+                np.testing.assert_allclose(computed, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_teachers_top_tokens_are_its_most_likely_with_their_log_probs():
+    from paddle_alignment.models.head_logprobs import topk_logprobs
+
+    labels = paddle.to_tensor(RNG.integers(0, VOCAB, size=(2, 3)), dtype="int64")
+    label_logprobs, top, ids = topk_logprobs(tensor(TEACHER_LOGITS), labels, 3, temperature=0.7)
+    expected = numpy_log_softmax(TEACHER_LOGITS / 0.7)
+    np.testing.assert_array_equal(ids.numpy(), np.argsort(-expected, axis=-1)[..., :3])
+    np.testing.assert_allclose(top.numpy(), np.sort(expected, axis=-1)[..., ::-1][..., :3], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(label_logprobs.numpy(), np.take_along_axis(expected, labels.numpy()[..., None], -1)[..., 0], rtol=1e-5, atol=1e-6)

@@ -47,7 +47,8 @@ ARGS = SimpleNamespace(
     policy_loss="ppo_clip", kl_estimator="k3", loss_agg_mode="token-mean", kl_loss_coeff=0.1, entropy_coeff=0.01,
     clip_range_ratio_low=0.2, clip_range_ratio_high=0.28, clip_range_value=0.5, clip_ratio_c=3.0, temperature=0.7,
     pg_loss_coeff=1.0, sapo_tau_pos=1.0, sapo_tau_neg=1.05, max_dec_len=8, rollout_correction="token_tis",
-    rollout_is_threshold=2.0, rollout_is_threshold_lower=0.5, max_turns=1,
+    rollout_is_threshold=2.0, rollout_is_threshold_lower=0.5, max_turns=1, distill_coeff=0.0, distill_loss="reverse_kl",
+    distill_beta=0.5,
 )
 TINY = dict(
     vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -216,6 +216,18 @@ def fit_prompts(data_args, training_args):
         data_args.max_prompt_len = room
 
 
+def note_distillation_keys_without_effect(args, given):
+    """A log line for each distillation key the config wrote that does nothing: any without a teacher, gkd's own
+    with another distillation loss."""
+    for key in ("distill_coeff", "distill_loss", "distill_beta", "distill_topk"):
+        if key not in given:
+            continue
+        if not args.uses_teacher:
+            logger.info(f"{key}={getattr(args, key)} has no effect without teacher_model_name_or_path")
+        elif key in ("distill_beta", "distill_topk") and not args.teacher_topk:
+            logger.info(f"{key}={getattr(args, key)} has no effect with distill_loss={args.distill_loss} (it sets gkd's divergence)")
+
+
 def note_keys_without_effect(args, given, data_args):
     """One log line for each key the config wrote that its switch leaves without effect, and the
     conflicts between PaddleNLP's global batch keys and this project's per-rank ones."""
@@ -233,6 +245,7 @@ def note_keys_without_effect(args, given, data_args):
             f"kl_coeff={args.kl_coeff} has no effect with rl_algorithm={args.rl_algorithm}: it puts a KL penalty in "
             "the token rewards of ppo and reinforce_plus_plus; use kl_loss_coeff for a KL loss"
         )
+    note_distillation_keys_without_effect(args, given)
     if "num_train_epochs" in given and args.max_steps > 0:
         logger.info(f"max_steps={args.max_steps} sets the run's length; num_train_epochs={args.num_train_epochs} has no effect")
     if "eval_steps" in given and args.evaluation_strategy == "no" and data_args and data_args.eval_datasets:

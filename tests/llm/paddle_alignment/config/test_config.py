@@ -143,6 +143,19 @@ def test_pure_distillation_needs_no_reward_source(tmp_path):
     assert args.uses_teacher and not (args.use_rule_reward or args.use_rm_server or args.uses_judge)
 
 
+@pytest.mark.parametrize(
+    "changes, line",
+    [
+        ({"distill_loss": "gkd"}, "distill_loss=gkd has no effect without teacher_model_name_or_path"),
+        ({"teacher_model_name_or_path": "teacher", "distill_topk": 8}, "distill_topk=8 has no effect with distill_loss=reverse_kl"),
+    ],
+)
+def test_distillation_keys_without_effect_say_so(tmp_path, changes, line):
+    with paddlenlp_messages() as lines:
+        parse(tmp_path, **changes)
+    assert line in "\n".join(lines)
+
+
 def test_a_distillation_teacher_under_pipeline_parallel_is_refused(tmp_path):
     model_args, data_args, args = parse(tmp_path, teacher_model_name_or_path="teacher")
     args.pipeline_parallel_degree = 2

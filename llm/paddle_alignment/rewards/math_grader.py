@@ -10,7 +10,7 @@ reference itself lists alternatives; an "or" that restates the value ("one hundr
 no hedge.
 
 Reading (`clean`): units and `\\text{}` dropped, thousands separators (`1,000`, `1{,}000`, `1\\,000`) and
-Unicode minus, times and pi read, `$`/`\\(`, `\\left`/`\\right`, spacing commands and `x =` dropped, a percent
+Unicode minus (full-width too), times and pi read, `$`/`\\(`, `\\left`/`\\right`, spacing commands and `x =` dropped, a percent
 sign kept as a flag. Plain numbers (integers, decimals, `a/b`, `\\frac{a}{b}`) are compared exactly here;
 everything else (roots, pi, powers, intervals, sets, tuples, expressions) is parsed and compared
 symbolically by math-verify's LaTeX-to-SymPy parser in worker processes with a deadline
@@ -45,7 +45,9 @@ _NUMBER = re.compile(r"(?:(?<![\w)])-)?\\?\$?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\
 _HEDGE_BEFORE = re.compile(r"(?:\bor|\band/or|/)\s*[$({\\]*\s*$", re.IGNORECASE)
 _ALTERNATIVES = re.compile(r"\bor\b|\\text\{\s*or\s*\}|\\lor\b", re.IGNORECASE)
 
-_UNICODE = str.maketrans({"\u2212": "-", "\u2013": "-", "\u00d7": r"\times ", "\u00f7": "/", "\u03c0": r"\pi ", "\u221a": r"\sqrt", "\u00a0": " ", "\u00b0": ""})
+# Signs in other code points: the minus sign, the full-width forms.
+_SIGNS = str.maketrans({"\u2212": "-", "\uff0d": "-", "\uff0b": "+"})
+_UNICODE = str.maketrans({"\u2212": "-", "\u2013": "-", "\uff0d": "-", "\uff0b": "+", "\uff0e": ".", "\uff05": "%", "\u00d7": r"\times ", "\u00f7": "/", "\u03c0": r"\pi ", "\u221a": r"\sqrt", "\u00a0": " ", "\u00b0": ""})
 _DROPPED = re.compile(r"\\left\b|\\right\b|(?<!\\)\\[,;:! ]|\\displaystyle|\\mathrm\b(?=\{\s*[\d.]+\s*\})|\^\s*\{?\\circ\}?|\*\*")
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname)\s*\{(?P<inner>[^{}]*)\}(?P<power>\^\{?\d\}?)?")
 _TEXT_OR = re.compile(r"\\text\{\s*(?:or|and)\s*\}|\s+or\s+")
@@ -122,7 +124,7 @@ def all_markers(text):
 
 def final_answer(response):
     """The final answer of `response` (an Answer), or None when it gives none."""
-    text = response[-TAIL_CHARS:]
+    text = response[-TAIL_CHARS:].translate(_SIGNS)  # so that a number's sign is found with it
     tagged = None
     for tagged in _ANSWER_TAG.finditer(text):
         pass

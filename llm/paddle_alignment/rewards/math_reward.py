@@ -30,7 +30,10 @@ FORMAT_EXACT, FORMAT_BAD = 1.25, -1.0
 def math_reference(tgt):
     """The Reading of a math reference; TargetError when it cannot be read. Cached: a prompt's reference
     is read once per response of its group."""
-    reading = read_reference(tgt)
+    try:
+        reading = read_reference(tgt)
+    except ValueError as error:  # Python's limit on the digits of an integer string (4,300) among them
+        raise TargetError(f"math tgt {shown(tgt)} cannot be read: {error}") from None
     if reading is None:
         raise TargetError(f"math tgt {shown(tgt)} has no answer that reads as a number or a LaTeX expression")
     return reading

@@ -254,6 +254,19 @@ def test_math_unreadable_tgt_is_an_error_naming_it(tgt):
         math_score("#### 12", tgt)
 
 
+def test_math_tgt_past_pythons_integer_digit_limit_is_an_error_naming_it():
+    """A 5,000-digit reference: Python refuses integer strings over 4,300 digits; the data loader's error (naming
+    the file and line) is a TargetError, not a plain ValueError."""
+    with pytest.raises(TargetError, match=r"math tgt '9999.*cannot be read: Exceeds the limit \(4300 digits\)"):
+        math_score("#### 12", "9" * 5000)
+
+
+@pytest.mark.parametrize("response", ["The answer is \uff0d5", "\\boxed{\uff0d5}", "so x = \uff0d5", "We get \uff0d5", "We get \u22125"])
+def test_math_reads_the_full_width_and_unicode_minus_as_a_sign(response):
+    assert math_score(response, "-5") == 1.0
+    assert math_score(response.replace("\uff0d", "").replace("\u2212", ""), "-5") == 0.0
+
+
 MATH_ADVERSARIAL = {
     "megabyte_number": "1" * 1_000_000,
     "commas": "1," * 500_000,

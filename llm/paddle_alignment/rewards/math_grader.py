@@ -11,7 +11,8 @@ no hedge.
 
 Reading (`clean`): units and `\\text{}` dropped, thousands separators (`1,000`, `1{,}000`, `1\\,000`) and
 Unicode minus (full-width too), times and pi read, `$`/`\\(`, `\\left`/`\\right`, spacing commands and `x =` dropped, a percent
-sign kept as a flag. Plain numbers (integers, decimals, `a/b`, `\\frac{a}{b}`) are compared exactly here;
+sign kept as a flag (either side's matches the other's number or its hundredth); a choice letter ("(C)", "C")
+compared by its letter. Plain numbers (integers, decimals, `a/b`, `\\frac{a}{b}`) are compared exactly here;
 everything else (roots, pi, powers, intervals, sets, tuples, expressions) is parsed and compared
 symbolically by math-verify's LaTeX-to-SymPy parser in worker processes with a deadline
 (`rewards/symbolic.py`).
@@ -55,7 +56,7 @@ _THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:,\d{3})+(?![\d])")
 _TRAILING_WORDS = re.compile(r"^(?P<value>-?[\d.,/]+)\s+[a-zA-Z][a-zA-Z .]*$")
 _VARIABLE = re.compile(r"^[a-zA-Z]\w*\s*=\s*(?P<value>[^=]+)$")
 _PERCENT = re.compile(r"\s*\\?%\s*$")
-_CHOICE = re.compile(r"^\(?[A-E]\)$")  # a multiple-choice answer: (C)
+_CHOICE = re.compile(r"^\(?(?P<letter>[A-E])\)?$")  # a multiple-choice answer: (C), C), C
 # Words outside \text{} are not math: "seventy-two" would parse as a product of 11 symbols.
 _COMMANDS = re.compile(r"\\(?:begin|end)\{[^}]*\}|\\[A-Za-z]+")
 _WORD = re.compile(r"[A-Za-z]{3,}")
@@ -222,13 +223,22 @@ def read_reference(tgt):
 def same_value(reference, answer):
     """Whether two Readings hold the same value; None when the symbolic comparison hit its deadline."""
     if reference.words or answer.words:
-        return " ".join(reference.text.lower().split()) == " ".join(answer.text.lower().split())
+        return comparable_words(reference.text) == comparable_words(answer.text)
     if reference.value is not None and answer.value is not None:
         if answer.value == reference.value:
             return True
-        # "25%" answers a reference of 0.25 or of 25.
-        return answer.percent and answer.value / 100 == reference.value
+        # "25%" answers a reference of 0.25 or of 25, and 0.25 a reference of 25%.
+        return (answer.percent and answer.value / 100 == reference.value) or (
+            reference.percent and reference.value / 100 == answer.value
+        )
     return symbolic_math().equal(reference.text, answer.text)
+
+
+def comparable_words(text):
+    """An answer in words as a person compares it: case and spacing aside, a choice letter with or without its
+    parentheses ("(C)", "C")."""
+    choice = _CHOICE.match(text.strip())
+    return choice["letter"].lower() if choice else " ".join(text.lower().split())
 
 
 def grade(reference, response):

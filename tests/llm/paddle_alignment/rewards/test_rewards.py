@@ -254,6 +254,28 @@ def test_math_unreadable_tgt_is_an_error_naming_it(tgt):
         math_score("#### 12", tgt)
 
 
+@pytest.mark.parametrize(
+    "tgt, response, score",
+    [
+        ("\\text{(C)}", "\\boxed{C}", 1.0), ("\\text{(C)}", "The answer is C.", 1.0), ("C", "\\boxed{(C)}", 1.0),
+        ("(C)", "\\boxed{C)}", 1.0), ("C", "\\boxed{(D)}", 0.0), ("\\text{(C)}", "The answer is D.", 0.0),
+    ],
+)
+def test_math_compares_choice_letters_with_or_without_parentheses(tgt, response, score):
+    assert math_score(response, tgt) == score
+
+
+@pytest.mark.parametrize(
+    "tgt, response, score",
+    [
+        ("50\\%", "\\boxed{0.5}", 1.0), ("50\\%", "\\boxed{\\frac{1}{2}}", 1.0), ("50\\%", "\\boxed{50}", 1.0),
+        ("50\\%", "\\boxed{0.05}", 0.0), ("0.5", "\\boxed{50\\%}", 1.0),
+    ],
+)
+def test_math_reads_a_percent_on_either_side(tgt, response, score):
+    assert math_score(response, tgt) == score
+
+
 def test_math_tgt_past_pythons_integer_digit_limit_is_an_error_naming_it():
     """A 5,000-digit reference: Python refuses integer strings over 4,300 digits; the data loader's error (naming
     the file and line) is a TargetError, not a plain ValueError."""

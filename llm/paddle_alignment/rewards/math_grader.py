@@ -4,7 +4,8 @@ Finding the answer (`final_answer`), in the response's last `TAIL_CHARS` charact
 1. inside the last `<answer>...</answer>` when there is one, else in the whole tail;
 2. the marker that comes last wins: `#### N` (GSM8K), `\\boxed{...}` / `\\fbox{...}`, or a phrase such as
    "the answer is", "Final answer:", "Answer =". A corrected answer (`\\boxed{10} ... \\boxed{12}`) is 12;
-3. without a marker, the `<answer>` text itself, else the last number of the tail.
+3. without a marker, the `<answer>` text itself (its last number when it is a sentence: "She needs 15 more."),
+   else the last number of the tail.
 An answer hedged between different values ("72 or 73", `\\boxed{72} or \\boxed{73}`) is wrong unless the
 reference itself lists alternatives; an "or" that restates the value ("one hundred, or \\boxed{100}") is
 no hedge.
@@ -133,9 +134,9 @@ def final_answer(response):
     found = markers(region)
     if found:
         start, answer = max(found, key=lambda item: item[0])
-    elif tagged and region.strip():
+    elif tagged and region.strip() and not is_sentence(region):
         start, answer = 0, region
-    else:
+    else:  # no answer block, or one that states its answer in a sentence: its last number
         numbers = list(_NUMBER.finditer(region))
         if not numbers:
             return None
@@ -144,6 +145,12 @@ def final_answer(response):
     hedge = _HEDGE_BEFORE.search(before)
     alternatives = list(_NUMBER.finditer(before[: hedge.start()])) if hedge else []
     return Answer(answer.strip(), alternatives[-1][0] if alternatives else None)
+
+
+def is_sentence(text):
+    """Whether `text` states an answer in words ("She needs 15 more stickers."): two words or more outside LaTeX
+    commands that are not math's own (sin, max, ...)."""
+    return sum(word.lower() not in MATH_WORDS for word in _WORD.findall(_COMMANDS.sub(" ", text))) >= 2
 
 
 def strip_text_commands(text):

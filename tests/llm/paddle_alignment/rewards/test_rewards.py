@@ -276,6 +276,18 @@ def test_math_reads_a_percent_on_either_side(tgt, response, score):
     assert math_score(response, tgt) == score
 
 
+@pytest.mark.parametrize(
+    "response, score",
+    [
+        ("<answer>She needs 15 more stickers.</answer>", 1.0), ("<answer>She needs 16 more stickers.</answer>", 0.0),
+        ("<think>12 + 3</think><answer>It takes 15 minutes</answer>", 1.0), ("<answer>15 \\text{ stickers}</answer>", 1.0),
+        ("<answer>14 or 15 stickers in all</answer>", 0.0),
+    ],
+)
+def test_math_reads_a_sentence_inside_answer_tags_as_the_number_it_states(response, score):
+    assert math_score(response, "15") == score
+
+
 def test_math_tgt_past_pythons_integer_digit_limit_is_an_error_naming_it():
     """A 5,000-digit reference: Python refuses integer strings over 4,300 digits; the data loader's error (naming
     the file and line) is a TargetError, not a plain ValueError."""

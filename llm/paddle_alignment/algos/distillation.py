@@ -18,6 +18,12 @@ from paddle_alignment.algos.registry import ADVANTAGE_ESTIMATORS, DISTILL_LOSSES
 TAIL_FLOOR = 1e-7
 
 
+def matches_distributions(distill_loss):
+    """Whether the distillation loss `distill_loss` compares the teacher's and the student's distributions at each
+    position (their log-probs of the teacher's top tokens), not only the sampled tokens' log-probs."""
+    return DISTILL_LOSSES.traits(distill_loss).signal == "loss"
+
+
 @DISTILL_LOSSES.register("reverse_kl", signal="advantage")
 def reverse_kl_advantages(logprobs, teacher_logprobs, response_mask):
     """-(log pi_student(x_t) - log pi_teacher(x_t)) on each sampled token x_t: the negated single-sample (k1)

@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 
 from paddle_alignment.algos import DISTILL_LOSSES
+from paddle_alignment.algos.distillation import matches_distributions
 from paddle_alignment.config.checks import check_choices, check_non_negative
 
 
@@ -39,8 +40,7 @@ class DistillationArguments:
     def teacher_topk(self):
         """The teacher's top tokens per position the run's experience holds: distill_topk for a loss that matches
         distributions, else 0."""
-        matches = self.uses_teacher and DISTILL_LOSSES.traits(self.distill_loss).signal == "loss"
-        return self.distill_topk if matches else 0
+        return self.distill_topk if self.uses_teacher and matches_distributions(self.distill_loss) else 0
 
     def validate_distillation(self):
         check_choices(self, {"distill_loss": DISTILL_LOSSES})

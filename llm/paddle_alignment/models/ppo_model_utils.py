@@ -14,6 +14,7 @@ from paddlenlp.transformers.llama.modeling import LlamaLMHead
 from paddlenlp.transformers.qwen2.modeling import Qwen2LMHead
 
 from paddle_alignment.algos import DISTILL_LOSSES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS
+from paddle_alignment.algos.distillation import matches_distributions
 from paddle_alignment.algos.losses import LossScale, clipped_value_loss
 from paddle_alignment.algos.masked import masked_mean
 from paddle_alignment.algos.registry import call_with_options, from_config
@@ -96,12 +97,6 @@ class PolicyObjective:
         return self.loss(logprobs, token_entropy, old_logprobs, ref_logprobs, advantages, response_mask, scale,
                          rollout_logprobs, turn_ids)
 
-    @property
-    def matches_distributions(self):
-        """The distillation loss compares the teacher's and the student's distributions at each position (their
-        top tokens' log-probs), not only the sampled tokens' log-probs."""
-        return DISTILL_LOSSES.traits(self.distill_loss).signal == "loss"
-
     def loss(self, logprobs, token_entropy, old_logprobs, ref_logprobs, advantages, response_mask, scale=None,
              rollout_logprobs=None, turn_ids=None, teacher_logprobs=None, teacher_topk_logprobs=None,
              student_topk_logprobs=None):
@@ -158,7 +153,7 @@ class PolicyObjective:
                 "distill/reverse_kl": (((old_logprobs - teacher_logprobs) * mask).sum(), tokens),
                 "distill/teacher_logprob_mean": ((teacher_logprobs * mask).sum(), tokens),
             }
-        if self.distill_coeff and not self.matches_distributions:
+        if self.distill_coeff and not matches_distributions(self.distill_loss):
             signal = DISTILL_LOSSES.get(self.distill_loss)(old_logprobs, teacher_logprobs, response_mask)
             advantages = advantages + self.distill_coeff * signal
         return advantages, stats

@@ -49,7 +49,7 @@ _ALTERNATIVES = re.compile(r"\bor\b|\\text\{\s*or\s*\}|\\lor\b", re.IGNORECASE)
 
 # Signs in other code points: the minus sign, the full-width forms.
 _SIGNS = str.maketrans({"\u2212": "-", "\uff0d": "-", "\uff0b": "+"})
-_UNICODE = str.maketrans({"\u2212": "-", "\u2013": "-", "\uff0d": "-", "\uff0b": "+", "\uff0e": ".", "\uff05": "%", "\u00d7": r"\times ", "\u00f7": "/", "\u03c0": r"\pi ", "\u221a": r"\sqrt", "\u00a0": " ", "\u00b0": ""})
+_UNICODE = _SIGNS | str.maketrans({"\u2013": "-", "\uff0e": ".", "\uff05": "%", "\u00d7": r"\times ", "\u00f7": "/", "\u03c0": r"\pi ", "\u221a": r"\sqrt", "\u00a0": " ", "\u00b0": ""})
 _DROPPED = re.compile(r"\\left\b|\\right\b|(?<!\\)\\[,;:! ]|\\displaystyle|\\mathrm\b(?=\{\s*[\d.]+\s*\})|\^\s*\{?\\circ\}?|\*\*")
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname)\s*\{(?P<inner>[^{}]*)\}(?P<power>\^\{?\d\}?)?")
 _TEXT_OR = re.compile(r"\\text\{\s*(?:or|and)\s*\}|\s+or\s+")

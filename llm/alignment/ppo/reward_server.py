@@ -6,8 +6,8 @@ POST /        {"src": [str], "tgt": [str], "response": [str]}
               -> 200 {"error_code": 0, "error_msg": "Success", "score": [float]}
                  + "row_errors": [{"index": int, "error_msg": str}]   when rows could not be scored
                  + "score_parts": {name: [float]}                     for a task with parts (math_think_answer)
-GET  /health  -> 200 {"status": "ok", "task": str, "max_score": float, "min_score": float, "parts": {name: [min, max]}}
-                 (optional for clients: PaddleNLP's has none)
+GET  /health  -> 200 {"status": "ok", "task": str, "max_score": float, "min_score": float, "parts": {name: [min, max]},
+                      "grading_budget": float}   (optional for clients: PaddleNLP's has none)
 A refused request -> 4xx/5xx {"error_code": <the HTTP status>, "error_msg": str, "score": []}
 
 One bad row never fails the batch: a row whose src/tgt/response is not a string, whose src or tgt is over
@@ -20,8 +20,11 @@ lists (400), over `--max_batch` rows or `--max_content_length` bytes (413), a mi
 (401); an unexpected error in the server gets 500. Every answer of this protocol is final for its
 request: clients retry only outages, such as a proxy's 502/503/504 with a body that is not of this protocol.
 
-The math rules compare symbolic answers in `--grading_workers` worker processes, each comparison ended
-at `--grading_deadline` seconds (then graded wrong, with a warning that counts them).
+A request's rows are graded concurrently, all within `--grading_budget` seconds: a row still being graded then
+gets min_score and a row error saying so, so a batch of slow answers is answered in time. The math rules
+compare symbolic answers in `--grading_workers` worker processes, each comparison ended at
+`--grading_deadline` seconds (then graded wrong, with a warning that counts them). SIGTERM and SIGINT end the
+server and its workers, a comparison in progress included.
 
 It serves with waitress, a production WSGI server: connections idle for `--connection_timeout` seconds
 are closed (a stalled client holds no worker thread meanwhile), and the listen backlog and connection
@@ -35,12 +38,20 @@ import hmac
 import json
 import logging
 import os
+import signal
+import sys
 
 import waitress  # noqa: E402
 from flask import Flask, jsonify, request  # noqa: E402
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge  # noqa: E402
 
-from paddle_alignment.rewards import API_KEY_ENV, REWARD_TASKS, describe_item, get_reward_task  # noqa: E402
+from paddle_alignment.rewards import (  # noqa: E402
+    API_KEY_ENV,
+    DEFAULT_GRADING_BUDGET,
+    REWARD_TASKS,
+    describe_item,
+    get_reward_task,
+)
 from paddle_alignment.rewards import symbolic  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -112,11 +123,13 @@ def malformed_row(task, index, row, max_item_chars):
     return None
 
 
-def score_rows(task, src, tgt, response, max_item_chars):
-    """The reply's body for a parsed batch: every row scored, the malformed ones at min_score."""
+def score_rows(task, src, tgt, response, max_item_chars, grading_budget):
+    """The reply's body for a parsed batch: every row scored, the malformed ones and those not graded within
+    `grading_budget` seconds at min_score."""
     rows = list(zip(src, tgt, response))
     problems = {index: malformed_row(task, index, row, max_item_chars) for index, row in enumerate(rows)}
-    scored = task.score_batch(src, tgt, response, {index: why for index, why in problems.items() if why})
+    problems = {index: why for index, why in problems.items() if why}
+    scored = task.score_batch(src, tgt, response, problems, grading_budget)
     body = {"error_code": 0, "error_msg": "Success", "score": scored.scores}
     if scored.errors:
         body["error_msg"] = f"{len(scored.errors)} of {len(rows)} rows could not be scored and got min_score {task.min_score:g}"
@@ -134,12 +147,16 @@ def create_app(
     max_content_length=DEFAULT_MAX_CONTENT_LENGTH,
     max_item_chars=DEFAULT_MAX_ITEM_CHARS,
     api_key=None,
+    grading_budget=DEFAULT_GRADING_BUDGET,
 ):
-    """A Flask app scoring with the registered reward `task_name`; with `api_key`, only for requests carrying it."""
+    """A Flask app scoring with the registered reward `task_name`, each request's rows within `grading_budget`
+    seconds; with `api_key`, only for requests carrying it."""
     task = get_reward_task(task_name)
     for name, value in (("max_batch", max_batch), ("max_content_length", max_content_length), ("max_item_chars", max_item_chars)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
+    if not grading_budget > 0:
+        raise ValueError(f"grading_budget must be > 0 seconds, got {grading_budget}")
     if api_key is not None and not api_key:
         raise ValueError("api_key must not be empty; leave it unset to serve without authentication")
     app = Flask(__name__)
@@ -161,12 +178,15 @@ def create_app(
             # A chunked body is cut at the limit, not refused: reading past it raises the 413.
             request.stream.read(1)
         src, tgt, response = parse_batch(raw_body, max_batch)
-        return jsonify(score_rows(task, src, tgt, response, max_item_chars)), 200
+        return jsonify(score_rows(task, src, tgt, response, max_item_chars, grading_budget)), 200
 
     @app.get("/health")
     def health():
         parts = {name: list(bounds) for name, bounds in task.parts.items()}
-        return jsonify(status="ok", task=task.name, max_score=task.max_score, min_score=task.min_score, parts=parts)
+        return jsonify(
+            status="ok", task=task.name, max_score=task.max_score, min_score=task.min_score, parts=parts,
+            grading_budget=grading_budget,
+        )
 
     @app.errorhandler(RequestError)
     def request_error(error):
@@ -226,6 +246,11 @@ def main(argv=None):
         "--grading_deadline", type=float, default=symbolic.DEFAULT_DEADLINE,
         help="seconds one symbolic comparison may take before it is graded wrong (with a counted warning)",
     )
+    parser.add_argument(
+        "--grading_budget", type=float, default=DEFAULT_GRADING_BUDGET,
+        help="seconds all rows of one request may take together; rows still being graded then get min_score and a "
+        "row error (the trainer's reward_server_timeout must be at least 10 s longer)",
+    )
     parser.add_argument("--connection_timeout", type=int, default=60, help="seconds before an idle connection is closed")
     parser.add_argument("--backlog", type=int, default=2048, help="connections the OS queues before accepting")
     parser.add_argument("--max_connections", type=int, default=1000, help="open connections served at once")
@@ -235,7 +260,9 @@ def main(argv=None):
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     try:
         symbolic.configure(args.grading_workers, args.grading_deadline)
-        app = create_app(args.task, args.max_batch, args.max_content_length, args.max_item_chars, args.api_key)
+        app = create_app(
+            args.task, args.max_batch, args.max_content_length, args.max_item_chars, args.api_key, args.grading_budget
+        )
     except ValueError as error:
         parser.error(str(error))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -245,7 +272,19 @@ def main(argv=None):
         app, args.host, args.port, args.threads, args.connection_timeout, args.backlog, args.max_connections
     )
     logger.info("reward task %r served on http://%s:%s", args.task, args.host, args.port)
-    server.run()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+    try:
+        server.run()
+    finally:
+        symbolic.symbolic_math().close()  # its workers, busy ones included
+
+
+def stop(signum, frame):
+    """SIGTERM or SIGINT: leave server.run() (which takes it as a graceful stop: exit status 0), whose caller
+    then ends the grading workers."""
+    logger.info("reward server stopping on %s", signal.Signals(signum).name)
+    sys.exit(0)
 
 
 if __name__ == "__main__":

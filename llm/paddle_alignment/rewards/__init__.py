@@ -8,15 +8,23 @@ checked when it loads. Rule rewards parse model output; they never execute it.
 
 `RewardTask.score_batch` is how the reward server and the in-process scorer call a rule: one bad row
 never stops the batch. A row the rule cannot score (its tgt unreadable, the rule raising or giving a
-non-finite score) gets `min_score` and an error naming the task, the row and its values; the others are
-scored as usual.
+non-finite score, or, with a budget, its grading outlasting the batch's budget) gets `min_score` and an
+error naming the task, the row and its values; the others are scored as usual.
 """
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Tuple
 
+from paddle_alignment.deadline_workers import BudgetSpent, run_concurrently
+
 SHOWN_CHARS = 200
+# Seconds the reward server grades one request's rows in, together (its --grading_budget): well below the
+# trainer's default reward_server_timeout (60 s), which must exceed the budget by BUDGET_MARGIN_SECONDS to
+# leave room for queueing and transfer.
+DEFAULT_GRADING_BUDGET = 20.0
+BUDGET_MARGIN_SECONDS = 10.0
 API_KEY_ENV = "REWARD_SERVER_API_KEY"  # the reward server's shared secret, read by the server and the trainer's client
 
 
@@ -57,21 +65,34 @@ class RewardTask:
     def is_correct(self, score):
         return score >= self.max_score
 
-    def score_batch(self, src, tgt, response, problems=None):
+    def score_batch(self, src, tgt, response, problems=None, budget=None):
         """A ScoredBatch of the rows, in order; `problems`: {row: why} of rows known not to be scorable
-        (the reward server's malformed rows), which are not given to the rule."""
-        problems = problems or {}
+        (the reward server's malformed rows), which are not given to the rule. Rows are graded concurrently
+        (their symbolic comparisons share the workers), all within `budget` seconds when one is given: a row
+        still being graded then gets min_score and an error saying so."""
+        rows = list(zip(src, tgt, response))
+        problems = dict(problems or {})
+        graded = [index for index in range(len(rows)) if index not in problems]
+        outcomes = run_concurrently([functools.partial(self.score_item, index, *rows[index]) for index in graded], budget)
+        found = {}
+        for index, (parts, error) in zip(graded, outcomes):
+            if isinstance(error, BudgetSpent):
+                problems[index] = (
+                    f"reward {self.name!r} did not grade {describe_item(index, *rows[index])} within the batch's "
+                    f"grading budget of {budget:g} s (slow answers of the batch took it)"
+                )
+            elif isinstance(error, RewardInputError):
+                problems[index] = str(error)
+            elif error is not None:
+                raise error
+            else:
+                found[index] = parts
         batch = ScoredBatch([], {name: [] for name in self.parts})
-        for index, item in enumerate(zip(src, tgt, response)):
-            problem = problems.get(index)
-            if problem is None:
-                try:
-                    parts = self.score_item(index, *item)
-                except RewardInputError as error:
-                    problem = str(error)
-            if problem is not None:
-                batch.errors.append((index, problem))
-                parts = {name: low for name, (low, _) in self.parts.items()} or {"": self.min_score}
+        unscored = {name: low for name, (low, _) in self.parts.items()} or {"": self.min_score}
+        for index in range(len(rows)):
+            if index in problems:
+                batch.errors.append((index, problems[index]))
+            parts = found.get(index, unscored)
             batch.scores.append(sum(parts.values()))
             for name in self.parts:
                 batch.parts[name].append(parts[name])
@@ -82,6 +103,8 @@ class RewardTask:
         try:
             result = self.score(src, tgt, response)
             parts = {name: float(value) for name, value in result.items()} if isinstance(result, dict) else {"": float(result)}
+        except BudgetSpent:
+            raise
         except Exception as error:
             # The cause is cut too: rules often quote the value they choke on.
             cause = shown(f"{type(error).__name__}: {error}", as_text=str)

@@ -12,7 +12,7 @@ from paddlenlp.utils.log import logger
 
 from paddle_alignment.data.datasets import encode_completion, pad_right
 from paddle_alignment.models.tensor_parallel import whole
-from paddle_alignment.rewards import REWARD_TASKS, ScoredBatch, get_reward_task
+from paddle_alignment.rewards import BUDGET_MARGIN_SECONDS, REWARD_TASKS, ScoredBatch, get_reward_task
 from paddle_alignment.rewards.client import server_client
 
 
@@ -66,8 +66,21 @@ def server_task(client, task_name):
             f"reward server at {client.url} scores task {health.get('task')!r}, but reward_task={task_name!r}; "
             f"start the server with --task {task_name} or set reward_task to its task"
         )
+    check_timeout_covers_budget(client, health.get("grading_budget"))
     parts = {name: (float(low), float(high)) for name, (low, high) in (health.get("parts") or {}).items()}
     return health.get("task"), float(health["max_score"]), parts
+
+
+def check_timeout_covers_budget(client, grading_budget):
+    """Refuse a client that would give up on a request the server is still allowed to grade: a batch of slow
+    answers would then time out, be retried, and stop the run."""
+    if grading_budget is not None and client.timeout < float(grading_budget) + BUDGET_MARGIN_SECONDS:
+        raise ValueError(
+            f"reward_server_timeout={client.timeout:g} s is shorter than the reward server's grading budget "
+            f"({float(grading_budget):g} s, its --grading_budget) plus {BUDGET_MARGIN_SECONDS:g} s: raise "
+            f"reward_server_timeout to at least {float(grading_budget) + BUDGET_MARGIN_SECONDS:g} or start the server "
+            f"with a smaller --grading_budget ({client.url})"
+        )
 
 
 class RewardModelScorer:

@@ -1,6 +1,9 @@
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
 import socket
 import threading
 import time
@@ -76,7 +79,7 @@ def test_empty_batch_gets_empty_scores(server_url):
 def test_health(server_url):
     answer = requests.get(server_url + "/health", timeout=10)
     assert answer.status_code == 200
-    assert answer.json() == {"status": "ok", "task": "kk", "max_score": 3.0, "min_score": -3.0, "parts": {}}
+    assert answer.json() == {"status": "ok", "task": "kk", "max_score": 3.0, "min_score": -3.0, "parts": {}, "grading_budget": 20.0}
 
 
 BAD_REQUESTS = {
@@ -175,7 +178,7 @@ def test_fifty_concurrent_requests_all_answered_correctly(server_url):
 
 def test_client_health_and_score(server_url):
     client = RewardServerClient(server_url, timeout=5)
-    assert client.health() == {"status": "ok", "task": "kk", "max_score": 3.0, "min_score": -3.0, "parts": {}}
+    assert client.health() == {"status": "ok", "task": "kk", "max_score": 3.0, "min_score": -3.0, "parts": {}, "grading_budget": 20.0}
     scored = client.score([SRC] * 3, [TGT] * 3, [RIGHT, WRONG_ROLE, NO_TAGS])
     assert (scored.scores, scored.parts, scored.errors) == ([3.0, -0.5, -3.0], {}, [])
 
@@ -480,7 +483,7 @@ def test_server_with_api_key_serves_requests_carrying_it(key_server_url):
 def test_trainer_client_sends_the_key_from_the_environment(key_server_url, monkeypatch):
     monkeypatch.setenv(API_KEY_ENV, "s3cret")
     args = SimpleNamespace(
-        use_rule_reward=False, use_rm_server=True, uses_judge=False, reward_server=key_server_url, reward_server_timeout=5,
+        use_rule_reward=False, use_rm_server=True, uses_judge=False, reward_server=key_server_url, reward_server_timeout=30,
         reward_server_max_retries=0, reward_task="kk",
     )
     scorer = build_reward_scorer(args)
@@ -571,3 +574,97 @@ def test_stalled_connections_hold_no_worker_and_are_closed_after_the_timeout():
             with connection:
                 assert connection.recv(1024) == b""  # closed by the server, not by our timeout
         assert time.perf_counter() - start < 5.0
+
+
+# ---------------------------------------------------------------- slow answers, shutdown
+
+TOWER = "\\boxed{9^{9^{9^{9}}}}"  # SymPy evaluates the integer: each comparison runs to the symbolic deadline
+
+
+def test_sixteen_power_towers_and_ordinary_rows_are_answered_within_the_grading_budget():
+    """At the defaults (2-4 symbolic workers, 5 s per comparison, a 20 s budget): graded one after another the
+    towers would take 80 s, past the trainer's 60 s timeout."""
+    from paddle_alignment.rewards import DEFAULT_GRADING_BUDGET, symbolic
+
+    symbolic.configure()
+    body = {
+        "src": ["q"] * 19,
+        "tgt": ["81"] * 16 + ["5", "\\frac{3}{4}", "12"],
+        "response": [TOWER] * 16 + ["\\boxed{5}", "The answer is 0.75.", "#### 13"],
+    }
+    with running_reward_server("math") as url:
+        started = time.perf_counter()
+        answer = requests.post(url + "/", json=body, timeout=60).json()
+        seconds = time.perf_counter() - started
+    assert seconds < 30 and DEFAULT_GRADING_BUDGET <= seconds
+    assert answer["score"] == [0.0] * 16 + [1.0, 1.0, 0.0]
+    late = answer["row_errors"]
+    assert late and all(error["index"] < 16 and "grading budget of 20 s" in error["error_msg"] for error in late)
+
+
+def test_a_client_whose_timeout_the_grading_budget_would_outlast_is_refused_at_start():
+    with running_reward_server("math", grading_budget=30) as url:
+        with pytest.raises(ValueError, match=r"reward_server_timeout=35 s is shorter than .*\(30 s, its --grading_budget\) plus 10 s"):
+            ServerRewardScorer(RewardServerClient(url, timeout=35), "math")
+        assert ServerRewardScorer(RewardServerClient(url, timeout=40), "math").max_score == 1.0
+    with pytest.raises(ValueError, match="grading_budget must be > 0"):
+        create_app("math", grading_budget=0)
+
+
+def group_processes(group):
+    """The live (not zombie) processes of process group `group`."""
+    alive = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == group and fields[0] != "Z":
+            alive.append(int(entry))
+    return alive
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["SIGTERM", "SIGINT", "SIGKILL"])
+def test_a_signal_mid_comparison_ends_the_server_and_every_worker(signum):
+    """SIGTERM and SIGINT stop the server gracefully, ending its workers; after a SIGKILL they end themselves."""
+    port = free_loopback_port()
+    server = subprocess.Popen(
+        [sys.executable, os.path.join(REPO_ROOT, "llm", "alignment", "ppo", "reward_server.py"), "--task", "math",
+         "--port", str(port), "--grading_deadline", "120", "--grading_budget", "200"],
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                requests.get(url + "/health", timeout=1)
+                break
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        threading.Thread(target=post_ignoring_errors, args=(url, {"src": ["q"], "tgt": ["5"], "response": [TOWER]}), daemon=True).start()
+        for _ in range(300):  # the symbolic worker started and took the tower
+            if len(group_processes(server.pid)) > 1:
+                break
+            time.sleep(0.1)
+        time.sleep(1.0)
+        assert len(group_processes(server.pid)) > 1
+        server.send_signal(signum)
+        assert server.wait(timeout=10) == (-signum if signum == signal.SIGKILL else 0)
+        for _ in range(50):
+            if not group_processes(server.pid):
+                break
+            time.sleep(0.1)
+        assert group_processes(server.pid) == []
+    finally:
+        if group_processes(server.pid):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=10)
+
+
+def post_ignoring_errors(url, body):
+    try:
+        requests.post(url + "/", json=body, timeout=60)
+    except requests.RequestException:
+        pass

@@ -18,7 +18,8 @@ class Experience:
     finished         [B] bool        the response ended with EOS (not cut at max_dec_len)
     scores           [B] float32     raw score of the reward source (rule, server or reward model)
     score_parts      [B, K] float32  the score's parts (a rule with parts: the columns of the scorer's `parts`)
-    unscored         [B] bool        the reward source could not score the row: it got the rule's min score
+    unscored         [B] bool        the reward source could not score the row: it got the rule's min score, and
+                                     leaves advantages, group statistics and the loss (trained_mask)
     rewards          [B] float32     the score after penalties, normalisation and clipping
     rollout_logprobs [B, R] float32  the sampler's log-probs of the tokens it drew, as it drew them (the fast
                                      decode loop's; None from generate() or greedy decoding)
@@ -74,6 +75,22 @@ class Experience:
 
     def __len__(self):
         return self.input_ids.shape[0]
+
+    @property
+    def scored(self):
+        """[B] bool: the rows the reward source scored (None when it scored every row, or before scoring)."""
+        if self.unscored is None or not bool(self.unscored.any()):
+            return None
+        return ~self.unscored
+
+    @property
+    def trained_mask(self):
+        """response_mask without the rows the reward source could not score: the tokens advantages, the loss
+        and its token counts are taken over. An unscored row is no evidence of a wrong answer."""
+        scored = self.scored
+        if scored is None:
+            return self.response_mask
+        return self.response_mask * scored.astype(self.response_mask.dtype).unsqueeze(-1)
 
     # The fields with a response axis [B, R] (the rest are per row, or [B, P+R]).
     RESPONSE_FIELDS = ("response_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs", "teacher_logprobs", "teacher_topk_ids",

@@ -64,7 +64,7 @@ class PipelineUpdate:
         ]
         steps = [[row for start, end in group for row in range(start, end)] for group in groups]
         statistics, grad_norms = UpdateMetrics(), {part.norm_name: [] for part in self.parts}
-        for group, scale in zip(groups, loss_scales(exp.response_mask, steps)):
+        for group, scale in zip(groups, loss_scales(exp.trained_mask, steps)):
             per_part = [self.step(part, exp, group, scale, grad_norms[part.norm_name]) for part in self.parts]
             for stats in zip(*per_part):  # one merged dict per micro-batch, on the last stage
                 statistics.add({key: value for part_stats in stats for key, value in part_stats.items()})

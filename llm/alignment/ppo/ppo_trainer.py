@@ -9,6 +9,7 @@ layout's optimizer step is optimizer_step.py's. paddlenlp's `Trainer` supplies t
 data-parallel wrapping and callbacks (progress bar, VisualDL).
 """
 
+import functools
 import json
 import math
 import os
@@ -342,7 +343,7 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
             self.shape_rewards(exp)
             if not args.dynamic_sampling:
                 return exp, timing.metrics() | self.judge_metrics(len(exp), generated)
-            keep = groups_with_reward_variance(exp.rewards, exp.group_index).numpy()
+            keep = groups_with_reward_variance(exp.rewards, exp.group_index, exp.scored).numpy()
             for pool, rows in [(kept, np.flatnonzero(keep)), (dropped, np.flatnonzero(~keep))]:
                 if len(rows):
                     pool.append(exp.take(rows.tolist()))
@@ -395,13 +396,14 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         exp.rewards = shape_rewards(
             exp.scores, exp.finished, exp.response_mask.sum(axis=-1), args.missing_eos_penalty, args.max_dec_len,
             args.overlong_reward_buffer if args.enable_overlong_reward_buffer else 0, args.overlong_penalty_factor,
-            normalize=self.normalize_rewards if self.reward_normalizer is not None else None,
+            normalize=functools.partial(self.normalize_rewards, scored=exp.scored) if self.reward_normalizer is not None else None,
             clip_range=args.clip_range_score,
         )
 
-    def normalize_rewards(self, rewards):
-        """Rewards [B] standardised by the running mean and std of every reward so far (updated first)."""
-        self.reward_normalizer.update(rewards.unsqueeze(-1))
+    def normalize_rewards(self, rewards, scored=None):
+        """Rewards [B] standardised by the running mean and std of every reward so far (updated first with the
+        `scored` rows')."""
+        self.reward_normalizer.update((rewards if scored is None else rewards[scored]).unsqueeze(-1))
         return self.reward_normalizer.normalize(rewards.unsqueeze(-1)).squeeze(-1)
 
     def update(self, exp):
@@ -426,7 +428,7 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         # The ranks' backward passes must pair up.
         splits = batching.splits_in_lockstep(exp, steps, "the update")
         computed_tokens = real_tokens = 0
-        for micro_rows, scale in zip(splits, self.loss_scales(exp.response_mask, steps)):
+        for micro_rows, scale in zip(splits, self.loss_scales(exp.trained_mask, steps)):
             for i, rows in enumerate(micro_rows):
                 steps_now = i == len(micro_rows) - 1
                 micro = batching.micro_batch(exp, rows)
@@ -452,17 +454,21 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
             rates["critic_lr"] = self.critic_lr_scheduler.get_lr()
         return rates
 
-    def loss_scales(self, response_mask, steps):
-        """The LossScale of each optimizer step (a list of its rows): its response tokens and responses,
-        summed over its micro-batches and the data ranks, and the response budget max_dec_len."""
-        tokens = response_mask.sum(axis=1).numpy()
+    def loss_scales(self, trained_mask, steps):
+        """The LossScale of each optimizer step (a list of its rows): its trained response tokens and responses
+        (a row without a score has none), summed over its micro-batches and the data ranks, and the response
+        budget max_dec_len. A step with nothing to train counts one of each, so its loss is 0, not 0/0."""
+        tokens = trained_mask.sum(axis=1).numpy()
         local = {}
         for i, rows in enumerate(steps):
-            local[f"tokens_{i}"], local[f"sequences_{i}"] = float(tokens[rows].sum()), float(len(rows))
+            local[f"tokens_{i}"], local[f"sequences_{i}"] = float(tokens[rows].sum()), float((tokens[rows] > 0).sum())
         totals = all_reduce_scalars(local, what="token and response counts of the update")
         ranks = data_parallel_rank_and_size()[1]
         budget = self.args.max_dec_len
-        return [LossScale(totals[f"tokens_{i}"], totals[f"sequences_{i}"], ranks, budget) for i in range(len(steps))]
+        return [
+            LossScale(max(totals[f"tokens_{i}"], 1.0), max(totals[f"sequences_{i}"], 1.0), ranks, budget)
+            for i in range(len(steps))
+        ]
 
     def backward(self, wrapped, loss_fn, micro, scale, steps_now):
         """Backward of `loss_fn(micro, scale)`, the micro-batch's share of its step's loss; gradients are
@@ -485,7 +491,7 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
                 share_prompts=self.args.share_prompt_forward, extra_ids=micro.teacher_topk_ids,
             )
         loss, stats = self.policy_objective.loss(
-            logprobs, entropy, micro.old_logprobs, micro.ref_logprobs, micro.advantages, micro.response_mask, scale,
+            logprobs, entropy, micro.old_logprobs, micro.ref_logprobs, micro.advantages, micro.trained_mask, scale,
             micro.rollout_logprobs, micro.turn_ids, micro.teacher_logprobs, micro.teacher_topk_logprobs, *student_topk,
         )
         if self.ptx_batches is not None:
@@ -499,7 +505,7 @@ class PPOTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
     def value_loss(self, micro, scale):
         with self.autocast_smart_context_manager():
             values = response_values(self.critic_wrapped, micro)
-        return self.value_objective(values, micro.values, micro.returns, micro.response_mask, scale)
+        return self.value_objective(values, micro.values, micro.returns, micro.trained_mask, scale)
 
     # ---- metrics, samples, evaluation ---------------------------------------------------------------
 

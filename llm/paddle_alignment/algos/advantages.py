@@ -2,9 +2,13 @@
 an estimator that trains a critic (`ppo`) returns (advantages, returns), the returns being the critic's targets.
 
 An estimator's parameters are named after what fills them (`AdvantageEstimation`): the batch's tensors
-(rewards, response_mask, group_index, values, logprobs, ref_logprobs), `reduce_sum` (the sum over data ranks),
+(rewards, response_mask, group_index, values, logprobs, ref_logprobs, scored), `reduce_sum` (the sum over data ranks),
 and its options, named as their config keys (norm_adv_by_std_in_grpo, gamma, ...). A new estimator is a
-registered function, and any new option a field of AdvantageEstimation with its config key."""
+registered function, and any new option a field of AdvantageEstimation with its config key.
+
+Rows the reward source could not score arrive with their response_mask zeroed (Experience.trained_mask), so
+they get no advantage and leave every whitening; `scored` [B] (None when every row was scored) takes them out
+of their group's statistics too."""
 
 from dataclasses import asdict, dataclass
 
@@ -35,33 +39,35 @@ class AdvantageEstimation:
         """(advantages, returns: None but for an estimator that trains a critic), [B, R], of the Experience
         `exp` (rewards and what the estimator reads of it); `reduce_sum` sums a statistic over the data ranks."""
         result = call_with_options(
-            ADVANTAGE_ESTIMATORS.get(self.rl_algorithm), exp.rewards, exp.response_mask, group_index=exp.group_index,
+            ADVANTAGE_ESTIMATORS.get(self.rl_algorithm), exp.rewards, exp.trained_mask, group_index=exp.group_index,
             values=exp.values, logprobs=exp.old_logprobs, ref_logprobs=exp.ref_logprobs, reduce_sum=reduce_sum,
-            **asdict(self),
+            scored=exp.scored, **asdict(self),
         )
         return result if isinstance(result, tuple) else (result, None)
 
 
-def group_stats(values, group_index):
-    """Per-sample size, mean and unbiased std of the group of samples sharing its `group_index` [B]."""
+def group_stats(values, group_index, scored=None):
+    """Per-sample size, mean and unbiased std of the group of samples sharing its `group_index` [B], over the
+    `scored` samples of the group (all when None)."""
     _, inverse = paddle.unique(group_index, return_inverse=True)
     groups = int(inverse.max()) + 1
     one_hot = paddle.nn.functional.one_hot(inverse.reshape([-1]), num_classes=groups).astype(values.dtype)
-    counts = one_hot.sum(axis=0)
-    means = (one_hot * values.unsqueeze(-1)).sum(axis=0) / counts
-    squared_dev = one_hot * (values.unsqueeze(-1) - means.unsqueeze(0)) ** 2
+    members = one_hot if scored is None else one_hot * scored.astype(values.dtype).unsqueeze(-1)
+    counts = members.sum(axis=0)
+    means = (members * values.unsqueeze(-1)).sum(axis=0) / counts.clip(min=1.0)
+    squared_dev = members * (values.unsqueeze(-1) - means.unsqueeze(0)) ** 2
     stds = paddle.sqrt(squared_dev.sum(axis=0) / (counts - 1.0).clip(min=1.0))
     return one_hot @ counts, one_hot @ means, one_hot @ stds
 
 
 @ADVANTAGE_ESTIMATORS.register("grpo", group_baseline=True)
-def grpo_advantages(rewards, response_mask, group_index, norm_adv_by_std_in_grpo=True, epsilon=1e-6):
+def grpo_advantages(rewards, response_mask, group_index, norm_adv_by_std_in_grpo=True, epsilon=1e-6, scored=None):
     """Group-relative advantages: (r - mean_group) / (std_group + eps), broadcast over the response.
 
     With `norm_adv_by_std_in_grpo=False` the std division is dropped (Dr.GRPO), so groups with nearly equal
     rewards are not amplified.
     """
-    _, mean, std = group_stats(rewards, group_index)
+    _, mean, std = group_stats(rewards, group_index, scored)
     scores = rewards - mean
     if norm_adv_by_std_in_grpo:
         scores = scores / (std + epsilon)
@@ -69,20 +75,20 @@ def grpo_advantages(rewards, response_mask, group_index, norm_adv_by_std_in_grpo
 
 
 @ADVANTAGE_ESTIMATORS.register("rloo", group_baseline=True)
-def rloo_advantages(rewards, response_mask, group_index):
+def rloo_advantages(rewards, response_mask, group_index, scored=None):
     """REINFORCE leave-one-out: r_i minus the mean reward of the other samples of its prompt,
     n / (n - 1) * (r_i - mean_group), broadcast over the response."""
-    counts, mean, _ = group_stats(rewards, group_index)
+    counts, mean, _ = group_stats(rewards, group_index, scored)
     scores = counts / (counts - 1.0).clip(min=1.0) * (rewards - mean)
     return scores.unsqueeze(-1) * response_mask.astype(rewards.dtype)
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline", group_baseline=True)
-def reinforce_plus_plus_baseline_advantages(rewards, response_mask, group_index, reduce_sum=None):
+def reinforce_plus_plus_baseline_advantages(rewards, response_mask, group_index, reduce_sum=None, scored=None):
     """REINFORCE++-baseline: r minus the mean reward of its prompt's group, broadcast over the response and
     whitened over every valid token of the batch (of every rank, with `reduce_sum`), as verl's
     reinforce_plus_plus_baseline. The KL to the reference goes in the loss (kl_loss_coeff), not the reward."""
-    _, mean, _ = group_stats(rewards, group_index)
+    _, mean, _ = group_stats(rewards, group_index, scored)
     scores = (rewards - mean).unsqueeze(-1) * response_mask.astype(rewards.dtype)
     return masked_whiten(scores, response_mask, reduce_sum)
 

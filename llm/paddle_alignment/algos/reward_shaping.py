@@ -15,12 +15,15 @@ def missing_eos_penalty(finished, penalty):
     return -penalty * (~finished).astype("float32")
 
 
-def groups_with_reward_variance(rewards, group_index):
-    """DAPO's dynamic-sampling filter: True for the samples whose group's rewards are not all equal [B].
-    Groups of equal rewards have zero advantage under group baselines and carry no gradient."""
+def groups_with_reward_variance(rewards, group_index, scored=None):
+    """DAPO's dynamic-sampling filter: True for the samples whose group's rewards are not all equal [B], among
+    its `scored` samples (all when None). Groups of equal rewards have zero advantage under group baselines and
+    carry no gradient."""
     same_group = group_index.unsqueeze(0) == group_index.unsqueeze(1)
-    differs = rewards.unsqueeze(0) != rewards.unsqueeze(1)
-    return (same_group & differs).any(axis=1)
+    differs = same_group & (rewards.unsqueeze(0) != rewards.unsqueeze(1))
+    if scored is not None:
+        differs = differs & scored.unsqueeze(0) & scored.unsqueeze(1)
+    return (same_group & differs.any(axis=1).unsqueeze(0)).any(axis=1)
 
 
 def shape_rewards(

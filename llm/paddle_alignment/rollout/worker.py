@@ -182,7 +182,7 @@ class RolloutWorker:
             shown = "\n".join(f"  row {index}: {message}" for index, message in scored.errors[:MAX_LOGGED_ROW_ERRORS])
             fate = (
                 "leave the batch (counted in judge/excluded_frac)" if getattr(self.reward_scorer, "excludes_unscored", False)
-                else "got the reward's min score (counted in reward_error_rows)"
+                else "leave the loss and their groups' statistics (counted in reward_error_rows)"
             )
             logger.warning(f"{len(scored.errors)} of {len(exp)} responses could not be scored and {fate}:\n{shown}")
         return scored

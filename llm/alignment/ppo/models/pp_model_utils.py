@@ -64,7 +64,7 @@ def policy_micro_batch(exp):
     return {
         "input_ids": exp.input_ids,
         "attention_mask": exp.attention_mask,
-        "response_mask": exp.response_mask,
+        "response_mask": exp.trained_mask,  # the loss's tokens: unscored rows leave it
         "old_logprobs": exp.old_logprobs,
         "ref_logprobs": exp.ref_logprobs,
         "advantages": exp.advantages,
@@ -78,7 +78,7 @@ def value_micro_batch(exp):
     return {
         "input_ids": exp.input_ids,
         "attention_mask": exp.attention_mask,
-        "response_mask": exp.response_mask,
+        "response_mask": exp.trained_mask,
         "old_values": exp.values,
         "returns": exp.returns,
         "loss_scale": None,

@@ -1,6 +1,7 @@
 """GRPO end to end on the tiny config: in one process, resumed from a checkpoint, and under
 `paddle.distributed.launch` with two gloo data-parallel processes."""
 
+import io
 import itertools
 import json
 import os
@@ -17,6 +18,7 @@ from helpers import (
     protocol_only_app, run_grpo, running_reward_server, serving, weights,
 )
 from llm.alignment.ppo import run_ppo
+from llm.alignment.ppo.reward_server import create_app
 from paddle_alignment.data import PromptOnlyDataset
 from paddle_alignment.rewards import REWARD_TASKS, RewardTask, get_reward_task
 from paddle_alignment.rewards.arith import arith_reward
@@ -58,6 +60,64 @@ def test_rows_the_reward_cannot_score_are_counted_and_the_run_goes_on(tiny_world
     assert json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())["global_step"] == 2
     error_rows = logged(tmp_path / "vdl", "train/reward_error_rows")
     assert len(error_rows) == 2 and sum(error_rows) > 0
+
+
+def test_what_an_unscored_row_is_given_changes_no_weight(tiny_world, tmp_path, monkeypatch):
+    """Rows the rule cannot score leave the advantages, their groups' statistics and the loss: whether they carry
+    the rule's min score 0 or -5, the first step ends on the same weights (it would not if they were trained on)."""
+
+    def by_length_failing_on_some(src, tgt, response):
+        """Scores that differ within groups, so the step moves the weights; some rows of a group unscored."""
+        if len(response) == 1:
+            raise RuntimeError("lookup table missing")
+        return float(len(response) % 3)
+
+    for min_score in (0.0, -5.0):
+        task = RewardTask(f"flaky_{min_score}", by_length_failing_on_some, 2.0, min_score, str, {})
+        monkeypatch.setitem(REWARD_TASKS, task.name, task)
+        run_grpo(tiny_world, tmp_path / task.name, reward_task=task.name, max_steps=1, save_steps=1, eval_steps=0,
+                 kl_loss_coeff=0.0, temperature=1.5)
+    unscored = logged(tmp_path / "flaky_0.0" / "vdl", "train/reward_error_rows")
+    assert unscored[0] > 0 and logged(tmp_path / "flaky_-5.0" / "vdl", "train/reward_error_rows") == unscored
+    first, second = (weights(tmp_path / name / "checkpoint-1" / "policy") for name in ("flaky_0.0", "flaky_-5.0"))
+    assert all(np.array_equal(first[name], second[name]) for name in first)
+    assert any(not np.array_equal(first[name], value) for name, value in weights(tiny_world["model"]).items())
+
+
+POWER_TOWER = "\\boxed{9^{9^{9^{9}}}}"
+
+
+def writing_power_towers(app):
+    """The reward server `app`, as if the policy answered every other row with a power tower (each comparison
+    runs to the symbolic deadline)."""
+
+    def towers(environ, start_response):
+        if environ["REQUEST_METHOD"] != "POST":
+            return app(environ, start_response)
+        body = json.loads(environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)))
+        body["response"] = [POWER_TOWER if row % 2 else response for row, response in enumerate(body["response"])]
+        data = json.dumps(body).encode()
+        environ = {**environ, "wsgi.input": io.BytesIO(data), "CONTENT_LENGTH": str(len(data))}
+        return app(environ, start_response)
+
+    return towers
+
+
+def test_a_policy_writing_power_towers_keeps_training_through_the_reward_server(tiny_world, tmp_path):
+    """Eight towers a request at 2 s each would take 16 s, past the client's 13 s timeout (then retries, then the
+    run stops); the server's 3 s budget answers in time, the towers it did not reach as row errors."""
+    from paddle_alignment.rewards import symbolic
+
+    symbolic.configure(workers=1, deadline=2.0)
+    try:
+        with serving(writing_power_towers(create_app("math", grading_budget=3.0))) as url:
+            run_grpo(tiny_world, tmp_path, use_rm_server=True, use_rule_reward=False, reward_server=url, reward_task="math",
+                     reward_server_timeout=13, reward_server_max_retries=0, max_steps=2, eval_steps=0)
+    finally:
+        symbolic.configure()
+    assert json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())["global_step"] == 2
+    unscored = logged(tmp_path / "vdl", "train/reward_error_rows")
+    assert len(unscored) == 2 and all(0 < rows < 8 for rows in unscored)
 
 
 def test_a_reference_the_reward_cannot_read_stops_the_run_at_start_naming_its_line(tiny_world, tmp_path):

@@ -13,7 +13,7 @@ A refused request -> 4xx/5xx {"error_code": <the HTTP status>, "error_msg": str,
 One bad row never fails the batch: a row whose src/tgt/response is not a string, whose src or tgt is over
 `--max_item_chars`, whose tgt the task's rule cannot read, or that the rule fails on gets the task's
 min_score and an entry in row_errors naming the task, the row and its values (each cut to 200 chars):
-    reward 'math' cannot score item 3 (src='...', tgt='seventy-two', response='72'): TargetError: ...
+    reward 'math' cannot score item 3 (src='...', tgt='the sum of the apples', response='72'): TargetError: ...
 Responses of any length are scored (the math rules read the last 4,000 characters). Only a request the
 protocol cannot answer row by row is refused: a body that is not a JSON object of three equal-length
 lists (400), over `--max_batch` rows or `--max_content_length` bytes (413), a missing or wrong API key

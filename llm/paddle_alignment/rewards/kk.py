@@ -16,12 +16,13 @@ Two rule sets share that scale:
      two <think> (format -1) there.
   2. PaddleNLP's server reads any tgt line's first word as a name and first "knight"/"knave" as the
      role, and skips lines it cannot read with a printed warning; here every line must read
-     "(N) NAME is a knight/knave", and any other tgt is refused (when the data loads, or as a row error),
-     since a skipped person is silently not graded.
+     "NAME is a knight/knave", numbered ("(1)", "1.", "1)") or not, with or without a full stop, and any
+     other tgt is refused (when the data loads, or as a row error), since a skipped person is silently not
+     graded.
   On the labelled cases of tests/data/reward_cases/kk.jsonl the two agree everywhere else
   (benchmarks/bench_rewards.py prints the count).
 - `kk_strict` also refuses text after </answer> other than whitespace and end tokens, needs a prompt
-  without <think> to be answered by a response opening it, reads names case-sensitively, accepts
+  without <think> to be answered by a response opening it, reads names as whole words (any case), accepts
   "is an", and needs every claim about a person to agree, however many role words the answer holds.
   A claim hedged in its own clause ("Ethan is a knave or a knight", "Ethan is a knave, unless he is a
   knight", "Ethan is a knave if Zoey lies") decides nothing: the person is undecided, and the answer
@@ -44,7 +45,9 @@ ANSWER_RIGHT, ANSWER_WRONG, ANSWER_UNPARSABLE = 2.0, -1.5, -2.0
 MAX_SCORE = FORMAT_OK + ANSWER_RIGHT
 MIN_SCORE = FORMAT_BAD + ANSWER_UNPARSABLE
 
-_SOLUTION_LINE = re.compile(r"\(\d+\)\s*(?P<name>\w+)\s+is\s+an?\s+(?P<role>knight|knave)", re.IGNORECASE)
+_SOLUTION_LINE = re.compile(
+    r"(?:\(\d+\)|\d+[.)])?\s*(?P<name>\w+)\s+is\s+an?\s+(?P<role>knight|knave)\.?", re.IGNORECASE
+)
 # One scan finds every claim, whatever the number of people: a pattern per person made a 1999-person
 # answer of 850 KB cost 1999 scans (30 s).
 _CLAIM = re.compile(r"(?<!\w)(?P<name>\w+)\s+is\s+a\s+(?P<role>knight|knave)\b", re.IGNORECASE)
@@ -63,7 +66,7 @@ def parse_solution(tgt):
     for line in filter(None, (line.strip() for line in tgt.splitlines())):
         match = _SOLUTION_LINE.fullmatch(line)
         if match is None:
-            raise TargetError(f"kk tgt line {line!r} is not of the form '(1) NAME is a knight/knave'")
+            raise TargetError(f"kk tgt line {line!r} is not of the form '(1) NAME is a knight/knave' (numbering optional)")
         solution[match["name"]] = match["role"].lower()
     if not solution:
         raise TargetError(f"kk tgt {tgt!r} names nobody")
@@ -85,15 +88,17 @@ def judge_answer(answer, solution):
 
 
 def judge_answer_strictly(answer, solution):
-    """Every claim about each person (exact name, whole word) agrees, none is hedged, and each gives the
-    solution's role."""
+    """Every claim about each person (their name as a whole word, in any case) agrees, none is hedged, and each
+    gives the solution's role."""
     roles, undecided = defaultdict(set), set()
     for clause in _CLAUSE.finditer(answer):
         hedged = _HEDGE.search(clause[0]) is not None
         for match in _STRICT_CLAIM.finditer(clause[0]):
-            roles[match["name"]].add(match["role"].lower())
+            name = match["name"].lower()
+            roles[name].add(match["role"].lower())
             if hedged:
-                undecided.add(match["name"])
+                undecided.add(name)
+    solution = {name.lower(): role for name, role in solution.items()}
     if any(len(roles[name]) != 1 or name in undecided for name in solution):
         return ANSWER_UNPARSABLE
     right = all(roles[name] == {role} for name, role in solution.items())

@@ -15,7 +15,7 @@ import functools
 import re
 
 from paddle_alignment.rewards import TargetError, register_reward, shown
-from paddle_alignment.rewards.math_grader import GSM8K_MARK, grade, read_reference
+from paddle_alignment.rewards.math_grader import GSM8K_MARK, TEXT_ANSWER_WORDS, grade, read_reference
 from paddle_alignment.rewards.think_answer import has_exact_format
 
 STRICT_TAIL_CHARS = 300
@@ -35,13 +35,14 @@ def math_reference(tgt):
     except ValueError as error:  # Python's limit on the digits of an integer string (4,300) among them
         raise TargetError(f"math tgt {shown(tgt)} cannot be read: {error}") from None
     if reading is None:
-        raise TargetError(f"math tgt {shown(tgt)} has no answer that reads as a number or a LaTeX expression")
+        raise TargetError(f"math tgt {shown(tgt)} has no answer that reads as a number, a LaTeX expression or a text of at most "
+                          f"{TEXT_ANSWER_WORDS} words")
     return reading
 
 
 @register_reward("math", max_score=1.0, min_score=0.0, read_target=math_reference)
 def math_reward(src, tgt, response):
-    return 1.0 if grade(math_reference(tgt), response) else 0.0
+    return 1.0 if grade(math_reference(tgt), response, src) else 0.0
 
 
 def strict_reference(tgt):
@@ -69,6 +70,6 @@ def gsm8k_strict_reward(src, tgt, response):
 )
 def math_think_answer_reward(src, tgt, response):
     return {
-        "answer": ANSWER_RIGHT if grade(math_reference(tgt), response) else ANSWER_WRONG,
+        "answer": ANSWER_RIGHT if grade(math_reference(tgt), response, src) else ANSWER_WRONG,
         "format": FORMAT_EXACT if has_exact_format(src, response) else FORMAT_BAD,
     }

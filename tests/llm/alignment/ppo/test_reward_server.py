@@ -418,7 +418,7 @@ def test_math_server_scores_gsm8k_and_math_golds_a_long_response_and_a_malformed
     long_response = "Let me think. " * 22_000 + "\\boxed{\\frac{3}{4}}"  # 300 KB
     body = {
         "src": ["q"] * 6,
-        "tgt": [GSM8K_TGT, "72", "\\frac{3}{4}", "\\frac{3}{4}", "seventy-two", "(3, \\frac{\\pi}{2})"],
+        "tgt": [GSM8K_TGT, "72", "\\frac{3}{4}", "\\frac{3}{4}", "the sum of the apples", "(3, \\frac{\\pi}{2})"],
         "response": ["#### 72", "so 72", "\\boxed{0.75}", long_response, "72", 5],
     }
     assert len(long_response) > 300_000
@@ -427,7 +427,7 @@ def test_math_server_scores_gsm8k_and_math_golds_a_long_response_and_a_malformed
         assert requests.get(url + "/health", timeout=10).json()["min_score"] == 0.0
     assert answer["score"] == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
     assert [error["index"] for error in answer["row_errors"]] == [4, 5]
-    assert "tgt='seventy-two'" in answer["row_errors"][0]["error_msg"]
+    assert "tgt='the sum of the apples'" in answer["row_errors"][0]["error_msg"]
     assert "response must be a string, got number" in answer["row_errors"][1]["error_msg"]
 
 

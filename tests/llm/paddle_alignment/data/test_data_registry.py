@@ -499,12 +499,12 @@ def test_preference_rows_need_other_answer(tmp_path, tokenizer):
 
 
 def test_prompt_only_refuses_a_reference_the_reward_cannot_read_naming_file_line_and_value(tmp_path, tokenizer):
-    rows = [{"src": "q1", "tgt": "#### 72"}, {"src": "q2", "tgt": "\\frac{3}{4}"}, {"src": "q3", "tgt": "72"}, {"src": "q4", "tgt": "#### seventy-two"}]
+    rows = [{"src": "q1", "tgt": "#### 72"}, {"src": "q2", "tgt": "\\frac{3}{4}"}, {"src": "q3", "tgt": "72"}, {"src": "q4", "tgt": "#### the sum of the apples"}]
     path = tmp_path / "gsm8k.jsonl"
     # A blank line: the error names the file's line, not the row's index.
     path.write_text("\n".join(json.dumps(row) for row in rows[:2]) + "\n\n" + "\n".join(json.dumps(row) for row in rows[2:]) + "\n")
     check = get_reward_task("math").target_refusal
-    with pytest.raises(ValueError, match=re.escape(f"{path}:5: the reward cannot read the reference answer ('tgt'): math tgt '#### seventy-two'")):
+    with pytest.raises(ValueError, match=re.escape(f"{path}:5: the reward cannot read the reference answer ('tgt'): math tgt '#### the sum of the apples'")):
         PromptOnlyDataset(str(path), tokenizer, max_prompt_len=10, require_label=True, check_label=check)
     path.write_text("\n".join(json.dumps(row) for row in rows[:3]) + "\n")
     dataset = PromptOnlyDataset(str(path), tokenizer, max_prompt_len=10, require_label=True, check_label=check)

@@ -97,3 +97,24 @@ def test_kk_scores_like_paddlenlp_except_where_its_docstring_says():
     }
     # PaddleNLP's server puts <think> before every response, whatever the prompt.
     assert differing == {"right_response_opens_think"}
+
+
+# The forms the second review of the rules found misread, each a class of labelled cases.
+SECOND_PASS_CLASSES = {
+    "answer_sentence_expression", "hedge_two_boxes", "restated_units", "repeating_decimal", "number_words", "mixed_number",
+    "currency_units", "left_right_dot", "text_gold", "repeated_answer_hedge", "possibly_hedge", "counting", "echo",
+    "unclosed_box_spam",
+}
+
+
+def test_every_case_of_the_forms_the_second_review_found_misread_is_graded_right(short_deadline):
+    cases = [case for case in MATH_CASES if case["class"] in SECOND_PASS_CLASSES]
+    assert {case["class"] for case in cases} == SECOND_PASS_CLASSES
+    assert [(case["id"], case["class"]) for case in cases if correct("math", case) != case["correct"]] == []
+
+
+def test_kk_cases_with_names_in_other_cases_and_references_without_numbering_are_graded_right():
+    classes = {"name_other_case", "reference_full_stops", "reference_unnumbered"}
+    cases = [case for case in KK_CASES if case["class"] in classes]
+    assert {case["class"] for case in cases} == classes
+    assert [case["id"] for case in cases for task in ("kk", "kk_strict") if correct(task, case) != case["correct"]] == []

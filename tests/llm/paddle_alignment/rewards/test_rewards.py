@@ -76,7 +76,7 @@ KK_RULE_DIFFERENCES = {
     "knight_not_a_knave": (wrapped("(1) Zoey is a knight, not a knave\n(2) Oliver is a knave"), -1.0, 3.0),
     "repeated_claims": (wrapped("Zoey is a knight. Oliver is a knave. So: Zoey is a knight, Oliver is a knave"), -1.0, 3.0),
     "extra_person": (wrapped("(1) Zoey is a knight\n(2) Oliver is a knave\n(3) Max is a knight"), -1.0, 3.0),
-    "names_in_lower_case": (wrapped("(1) zoey is a knight\n(2) oliver is a knave"), 3.0, -1.0),
+    "names_in_lower_case": (wrapped("(1) zoey is a knight\n(2) OLIVER is a knave"), 3.0, 3.0),
     "is_an": (wrapped("(1) Zoey is an knight\n(2) Oliver is a knave"), -1.0, 3.0),
 }
 
@@ -248,10 +248,21 @@ def test_math_reads_gsm8k_answer_text_or_a_bare_number_as_tgt(tgt):
     assert math_score("#### 24", tgt) == 0.0
 
 
-@pytest.mark.parametrize("tgt", ["twelve", "#### seventy-two", "the sum of the apples", "", "####"])
+@pytest.mark.parametrize("tgt", ["the sum of the apples", "", "####", "#### ???"])
 def test_math_unreadable_tgt_is_an_error_naming_it(tgt):
     with pytest.raises(TargetError, match=re.escape(repr(tgt))):
         math_score("#### 12", tgt)
+
+
+@pytest.mark.parametrize(
+    "tgt, right, wrong",
+    [
+        ("twelve", "#### 12", "#### 13"), ("#### seventy-two", "The answer is 72.", "The answer is 27."),
+        ("Monday", "It is \\boxed{\\text{monday}}", "The answer is Tuesday."), ("dark blue", "The answer is Dark Blue.", "#### blue"),
+    ],
+)
+def test_math_reads_golds_in_words_as_numbers_or_text(tgt, right, wrong):
+    assert (math_score(right, tgt), math_score(wrong, tgt)) == (1.0, 0.0)
 
 
 @pytest.mark.parametrize(

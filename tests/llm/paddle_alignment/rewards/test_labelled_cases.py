@@ -99,17 +99,9 @@ def test_kk_scores_like_paddlenlp_except_where_its_docstring_says():
     assert differing == {"right_response_opens_think"}
 
 
-# The forms the second review of the rules found misread, each a class of labelled cases.
-SECOND_PASS_CLASSES = {
-    "answer_sentence_expression", "hedge_two_boxes", "restated_units", "repeating_decimal", "number_words", "mixed_number",
-    "currency_units", "left_right_dot", "text_gold", "repeated_answer_hedge", "possibly_hedge", "counting", "echo",
-    "unclosed_box_spam",
-}
-
-
 def test_every_case_of_the_forms_the_second_review_found_misread_is_graded_right(short_deadline):
-    cases = [case for case in MATH_CASES if case["class"] in SECOND_PASS_CLASSES]
-    assert {case["class"] for case in cases} == SECOND_PASS_CLASSES
+    cases = [case for case in MATH_CASES if case.get("set") == "second_review_forms"]
+    assert len({case["class"] for case in cases}) >= 14 and len(cases) >= 50
     assert [(case["id"], case["class"]) for case in cases if correct("math", case) != case["correct"]] == []
 
 

@@ -22,7 +22,7 @@ class RewardArguments:
     )
     use_rm_server: bool = field(default=False, metadata={"help": "Score responses with the reward server. Exactly one of use_rm_server, use_rule_reward and reward_model_name_or_path."})
     reward_server: str = field(default="http://127.0.0.1:8731", metadata={"help": "URL of the reward server."})
-    reward_server_timeout: float = field(default=60.0, metadata={"help": "Seconds to wait for one reward request."})
+    reward_server_timeout: float = field(default=60.0, metadata={"help": "Seconds to wait for one reward request; at least this project's reward server's --grading_budget (20 s) plus 10, checked at start against its /health."})
     reward_server_max_retries: int = field(
         default=3, metadata={"help": "Retries of a reward request that met an outage (no answer, timeout, 5xx without a protocol error), with exponential backoff, before the run stops."}
     )

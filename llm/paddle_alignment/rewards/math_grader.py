@@ -36,7 +36,9 @@ _ANSWER_TAG = re.compile(r"<answer>(?P<inner>.*?)(?:</answer>|$)", re.DOTALL)
 _GSM8K = re.compile(r"####[ \t]*(?P<text>[^\n]*)")
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*(?=\{)|\\boxed\s+(?=[^\s{])")
 _PHRASE = re.compile(
-    r"\b(?:final\s+answer|the\s+answer|answer)\b\s*(?:is\b|should\s+be\b|would\s+be\b|[:=])\s*:?\s*", re.IGNORECASE
+    r"\b(?:final\s+answer|the\s+answer|(?:correct|right)\s+(?:answer|option|choice)|answer)\b\s*"
+    r"(?:is\b|should\s+be\b|would\s+be\b|[:=])\s*:?\s*",
+    re.IGNORECASE,
 )
 # A phrase's answer ends where its sentence does.
 _SENTENCE_END = re.compile(r"\n|[.;!?](?:\s|$)|,\s+(?:so|which|since|because|and)\b|\s+(?:because|since|as|but|and\s+not)\s")
@@ -50,6 +52,10 @@ _NUMBER = re.compile(
 )
 # "72 or x = \\boxed{73}": a number offered just before the final answer.
 _HEDGE_BEFORE = re.compile(r"(?:\bor|\band/or|/)\s*(?:[a-zA-Z]\s*=\s*)?[$({\\]*\s*$", re.IGNORECASE)
+# "40 km/h, which is about 11.1 m/s": a value given again in other units.
+_RESTATED_BEFORE = re.compile(r"(?:,\s*|\s+)(?:which\s+is|i\.e\.,?|that\s+is)\s+(?:about\s+|approximately\s+|roughly\s+)?[$({\\]*\s*$", re.IGNORECASE)
+_INLINE_MATH = re.compile(r"\$(?P<inner>[^$]+)\$")
+_RELATION = re.compile(r"[<>]|\\(?:le|ge|leq|geq|neq|ne|lt|gt)\b")
 # What may join two answers offered together: "\\boxed{72}, \\boxed{73}", "The answer is 12. The answer is 13."
 _JOINED = re.compile(r"[\s.,;:$]*(?:(?:or|and|and/or)\b[\s,$]*)?(?:[a-zA-Z]\s*=\s*)?\$?\s*", re.IGNORECASE)
 # "\\boxed{6} \\quad (\\text{or possibly } 7)": another value offered just after the final answer.
@@ -181,10 +187,13 @@ def final_answer(response, prompt=""):
     elif tagged and (stated := stated_expression(region)):
         start, end, answer = stated
     else:  # no answer block, or one that states its answer in a sentence: its last number
-        numbers = list(_NUMBER.finditer(region)) or (list(_SPELLED.finditer(region)) if tagged else [])
+        numbers = list(_NUMBER.finditer(region)) or list(_SPELLED.finditer(region))
         if not numbers or gives_no_answer(region, numbers, prompt):
             return None
         start, end, answer = numbers[-1].start(), numbers[-1].end(), numbers[-1][0]
+        span = enclosing_math(region, start)
+        if span:  # "The period is $2 \\pi$ radians.": the number's inline math (after its last "=") is the answer
+            start, end, answer = span.start(), span.end(), span["inner"].rsplit("=", 1)[-1]
     return offered_with(region, start, end, answer.strip())
 
 
@@ -195,7 +204,7 @@ def offered_with(region, start, end, answer):
     if after:
         return Answer(answer, after["value"])
     before = region[max(0, start - HEDGE_WINDOW) : start]
-    hedge = _HEDGE_BEFORE.search(before)
+    hedge = _HEDGE_BEFORE.search(before) or _RESTATED_BEFORE.search(before)
     alternatives = list(_NUMBER.finditer(before[: hedge.start()])) if hedge else []
     if not alternatives:
         return Answer(answer)
@@ -204,13 +213,25 @@ def offered_with(region, start, end, answer):
     unit_after = unit_word(region[end : end + HEDGE_WINDOW])
     if unit_before and unit_after and unit_before != unit_after:
         return Answer(answer, restated=alternative[0])
+    if _RESTATED_BEFORE.fullmatch(before, hedge.start()):  # "which is" restates; in the same units, it is the answer
+        return Answer(answer)
     return Answer(answer, alternative[0])
 
 
+def enclosing_math(region, position):
+    """The `$...$` span of `region` around `position`, or None (also for one that states an inequality)."""
+    for span in _INLINE_MATH.finditer(region):
+        if span.start() <= position < span.end():
+            return None if _RELATION.search(span["inner"]) else span
+    return None
+
+
 def unit_word(text):
-    """The word that opens `text` ("minutes" of " minutes, or"), or None."""
-    match = re.match(r"\s*([A-Za-z]{2,})\b", text)
-    return match[1].lower() if match and match[1].lower() not in ("or", "and") else None
+    """The unit that opens `text` ("minutes" of " minutes, or", "km/h"), or None."""
+    match = re.match(r"\s*([A-Za-z]+(?:/[A-Za-z]+)?)\b", text)
+    if match is None or match[1].lower() in ("or", "and", "which", "that", "i"):
+        return None
+    return match[1].lower()
 
 
 def stated_expression(region):
@@ -395,6 +416,12 @@ def lists_values(reading):
     return bool(_ALTERNATIVES.search(reading.text)) or "," in reading.text
 
 
+def restates_itself(text):
+    """Whether the values `text` joins by "or" are one value ("1/2 or 0.5"): a restatement, not a hedge."""
+    parts = [clean(part) for part in _ALTERNATIVES.split(text) if part.strip()]
+    return len(parts) > 1 and all(same_value(parts[0], part) for part in parts[1:])
+
+
 def grade(reference, response, prompt=""):
     """True when `response`'s final answer equals the Reading `reference`; False otherwise, and when the
     comparison hit its deadline (counted and warned by symbolic_math). `prompt`: the question (a response that
@@ -408,7 +435,7 @@ def grade(reference, response, prompt=""):
     found = final_answer(response, prompt)
     if found is None:
         return False
-    if _ALTERNATIVES.search(found.text) and not lists_values(reference):
+    if _ALTERNATIVES.search(found.text) and not lists_values(reference) and not restates_itself(found.text):
         return False
     answer = clean(found.text)
     if answer.is_empty:

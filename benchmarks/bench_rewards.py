@@ -141,7 +141,7 @@ def report_budget():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     body = {
         "src": ["q"] * 19,
-        "tgt": ["81"] * 16 + ["5", "\\frac{3}{4}", "12"],
+        "tgt": ["\\sqrt{2}"] * 16 + ["5", "\\frac{3}{4}", "12"],  # a root: the towers go to SymPy (a number would not)
         "response": ["\\boxed{9^{9^{9^{9}}}}"] * 16 + ["\\boxed{5}", "The answer is 0.75.", "#### 13"],
     }
     started = time.perf_counter()

@@ -18,6 +18,7 @@ symbolically by math-verify's LaTeX-to-SymPy parser in worker processes with a d
 (`rewards/symbolic.py`).
 """
 
+import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -31,6 +32,8 @@ TAIL_CHARS = 4000
 HEDGE_WINDOW = 40
 GSM8K_MARK = "####"
 TEXT_ANSWER_WORDS = 3  # the most words of a reference compared as text
+# A whole number of more digits than this is no number a reference holds (Python reads 4,300 digits at most).
+HUGE_DIGITS = 10_000
 
 _ANSWER_TAG = re.compile(r"<answer>(?P<inner>.*?)(?:</answer>|$)", re.DOTALL)
 _GSM8K = re.compile(r"####[ \t]*(?P<text>[^\n]*)")
@@ -67,6 +70,7 @@ _HEDGE_AFTER = re.compile(
 # "So f(x) = x^2 + 1.": in an answer sentence, what follows its last "is" or "=".
 _STATED = re.compile(r"(?:\b(?:is|are|equals|be)\b|=)\s*", re.IGNORECASE)
 _UNCLOSED_BOX = re.compile(r"\\boxed\s*\{")
+_POWER = re.compile(r"(?P<base>\d+)\s*\^\s*(?:\{(?P<exponent>.*)\}|(?P<digit>\d))", re.DOTALL)
 _UNCLOSED_AT_START = re.compile(r"^\s*\\boxed\s*\{(?=[^{}]*$)")
 _COUNTING_TEXT = re.compile(r"[\d\s,.;]*")
 _ALTERNATIVES = re.compile(r"\bor\b(?!\s+so\b)|\\text\{\s*or\s*\}|\\lor\b", re.IGNORECASE)
@@ -401,7 +405,24 @@ def same_value(reference, answer):
         return (answer.percent and answer.value / 100 == reference.value) or (
             reference.percent and reference.value / 100 == answer.value
         )
+    if reference.value is not None and power_tower_digits(answer.text) > HUGE_DIGITS:
+        return False  # SymPy would spend its whole deadline writing the integer out
     return symbolic_math().equal(reference.text, answer.text)
+
+
+def power_tower_digits(text):
+    """About how many digits the power tower of whole numbers `text` has (`9^{9^{9^{9}}}`: inf; `2^{10}`: 3.01),
+    from the top down in logarithms; 0 when `text` is not such a tower, or one with a base below 2."""
+    bases = []
+    while (power := _POWER.fullmatch(text.strip())) is not None:
+        bases.append(int(power["base"]))
+        text = power["exponent"] if power["exponent"] is not None else power["digit"]
+    if not bases or not text.strip().isdigit() or min(bases) < 2 or int(text) == 0:
+        return 0.0
+    digits = math.log10(int(text))  # log10 of the exponent so far
+    for base in reversed(bases):
+        digits = math.inf if digits > 300 else 10**digits * math.log10(base)
+    return digits
 
 
 def comparable_words(text):

@@ -88,14 +88,15 @@ POWER_TOWER = "\\boxed{9^{9^{9^{9}}}}"
 
 
 def writing_power_towers(app):
-    """The reward server `app`, as if the policy answered every other row with a power tower (each comparison
-    runs to the symbolic deadline)."""
+    """The reward server `app`, as if the policy answered every other row with a power tower, whose reference is
+    a root (so each comparison runs to the symbolic deadline: against a number a tower is graded at once)."""
 
     def towers(environ, start_response):
         if environ["REQUEST_METHOD"] != "POST":
             return app(environ, start_response)
         body = json.loads(environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)))
         body["response"] = [POWER_TOWER if row % 2 else response for row, response in enumerate(body["response"])]
+        body["tgt"] = ["\\sqrt{2}" if row % 2 else tgt for row, tgt in enumerate(body["tgt"])]
         data = json.dumps(body).encode()
         environ = {**environ, "wsgi.input": io.BytesIO(data), "CONTENT_LENGTH": str(len(data))}
         return app(environ, start_response)
@@ -117,7 +118,7 @@ def test_a_policy_writing_power_towers_keeps_training_through_the_reward_server(
         symbolic.configure()
     assert json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())["global_step"] == 2
     unscored = logged(tmp_path / "vdl", "train/reward_error_rows")
-    assert len(unscored) == 2 and all(0 < rows < 8 for rows in unscored)
+    assert len(unscored) == 2 and all(0 < rows <= 8 for rows in unscored)  # towers only: the other 8 rows are scored
 
 
 def test_a_reference_the_reward_cannot_read_stops_the_run_at_start_naming_its_line(tiny_world, tmp_path):

@@ -439,7 +439,7 @@ def test_a_hung_parse_ends_at_the_deadline_in_the_servers_threads_and_the_batch_
     try:
         with running_reward_server("math") as url:
             started = time.perf_counter()
-            body = post(url, {"src": ["q"] * 2, "tgt": ["5", "\\frac{3}{4}"], "response": [tower, "\\boxed{0.75}"]}).json()
+            body = post(url, {"src": ["q"] * 2, "tgt": [SLOW_GOLD, "\\frac{3}{4}"], "response": [tower, "\\boxed{0.75}"]}).json()
             seconds = time.perf_counter() - started
     finally:
         symbolic.configure()
@@ -579,6 +579,7 @@ def test_stalled_connections_hold_no_worker_and_are_closed_after_the_timeout():
 # ---------------------------------------------------------------- slow answers, shutdown
 
 TOWER = "\\boxed{9^{9^{9^{9}}}}"  # SymPy evaluates the integer: each comparison runs to the symbolic deadline
+SLOW_GOLD = "\\sqrt{2}"  # a reference that is no plain number, so a tower is compared symbolically
 
 
 def test_sixteen_power_towers_and_ordinary_rows_are_answered_within_the_grading_budget():
@@ -589,7 +590,7 @@ def test_sixteen_power_towers_and_ordinary_rows_are_answered_within_the_grading_
     symbolic.configure()
     body = {
         "src": ["q"] * 19,
-        "tgt": ["81"] * 16 + ["5", "\\frac{3}{4}", "12"],
+        "tgt": [SLOW_GOLD] * 16 + ["5", "\\frac{3}{4}", "12"],
         "response": [TOWER] * 16 + ["\\boxed{5}", "The answer is 0.75.", "#### 13"],
     }
     with running_reward_server("math") as url:
@@ -600,6 +601,16 @@ def test_sixteen_power_towers_and_ordinary_rows_are_answered_within_the_grading_
     assert answer["score"] == [0.0] * 16 + [1.0, 1.0, 0.0]
     late = answer["row_errors"]
     assert late and all(error["index"] < 16 and "grading budget of 20 s" in error["error_msg"] for error in late)
+
+
+def test_a_power_tower_against_a_number_is_graded_wrong_without_a_symbolic_comparison():
+    from paddle_alignment.rewards import symbolic
+
+    shared = symbolic.configure()
+    started = time.perf_counter()
+    batch = REWARD_TASKS["math"].score_batch(["q"] * 3, ["81", "1024", "5"], [TOWER, "\\boxed{2^{10}}", "\\boxed{10^{10^{10^{10^{10}}}}}"])
+    assert batch.scores == [0.0, 1.0, 0.0] and not batch.errors and shared.misses == 0
+    assert time.perf_counter() - started < 5  # 2^{10} goes to the workers (one starts); the towers do not
 
 
 def test_a_client_whose_timeout_the_grading_budget_would_outlast_is_refused_at_start():
@@ -643,7 +654,7 @@ def test_a_signal_mid_comparison_ends_the_server_and_every_worker(signum):
                 break
             except requests.ConnectionError:
                 time.sleep(0.1)
-        threading.Thread(target=post_ignoring_errors, args=(url, {"src": ["q"], "tgt": ["5"], "response": [TOWER]}), daemon=True).start()
+        threading.Thread(target=post_ignoring_errors, args=(url, {"src": ["q"], "tgt": [SLOW_GOLD], "response": [TOWER]}), daemon=True).start()
         for _ in range(300):  # the symbolic worker started and took the tower
             if len(group_processes(server.pid)) > 1:
                 break

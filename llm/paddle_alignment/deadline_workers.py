@@ -176,18 +176,14 @@ def budget_left():
     return None if end is None else max(end - time.monotonic(), 0.0)
 
 
-_executor = None
-_executor_lock = threading.Lock()
+# Threads start on first use, as the spawner's do.
+_executor = ThreadPoolExecutor(CONCURRENT_CALLS, thread_name_prefix="concurrent-calls")
 
 
 def run_concurrently(calls, budget=None):
     """Run the zero-argument `calls` on threads, together at most `budget` seconds (None: no limit): each call's
     pool calls end by then too (BudgetSpent). Returns one (result, error) per call, in order; a call still
     running when the budget ends gets (None, BudgetSpent()) and is left to end on its own."""
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(CONCURRENT_CALLS, thread_name_prefix="concurrent-calls")
     end = None if budget is None else time.monotonic() + budget
 
     def within_budget(call):

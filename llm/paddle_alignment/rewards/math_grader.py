@@ -69,7 +69,7 @@ _HEDGE_AFTER = re.compile(
 )
 # "So f(x) = x^2 + 1.": in an answer sentence, what follows its last "is" or "=".
 _STATED = re.compile(r"(?:\b(?:is|are|equals|be)\b|=)\s*", re.IGNORECASE)
-_UNCLOSED_BOX = re.compile(r"\\boxed\s*\{")
+_BOX_OPENING = re.compile(r"\\boxed\s*\{")
 _POWER = re.compile(r"(?P<base>\d+)\s*\^\s*(?:\{(?P<exponent>.*)\}|(?P<digit>\d))", re.DOTALL)
 _UNCLOSED_AT_START = re.compile(r"^\s*\\boxed\s*\{(?=[^{}]*$)")
 _COUNTING_TEXT = re.compile(r"[\d\s,.;]*")
@@ -255,9 +255,9 @@ def stated_expression(region):
 
 
 def gives_no_answer(region, numbers, prompt):
-    """Whether a response without a marker names no answer of its own: it opens two or more boxes it never closes
-    (degenerate output), only counts ("1, 2, 3, ..., 10"), or repeats the question."""
-    if len(_UNCLOSED_BOX.findall(region)) - len(markers(region)) >= 2:
+    """Whether a response without a marker names no answer of its own: it opens two or more boxes, none holding
+    an answer (degenerate output), only counts ("1, 2, 3, ..., 10"), or repeats the question."""
+    if len(_BOX_OPENING.findall(region)) >= 2:  # no box holds an answer: the caller found no marker
         return True
     values = [match[0] for match in numbers]
     counting = len(values) >= 5 and all(value.isdigit() for value in values)

@@ -74,12 +74,15 @@ def server_task(client, task_name):
 def check_timeout_covers_budget(client, grading_budget):
     """Refuse a client that would give up on a request the server is still allowed to grade: a batch of slow
     answers would then time out, be retried, and stop the run."""
-    if grading_budget is not None and client.timeout < float(grading_budget) + BUDGET_MARGIN_SECONDS:
+    if grading_budget is None:
+        return
+    needed = float(grading_budget) + BUDGET_MARGIN_SECONDS
+    if client.timeout < needed:
         raise ValueError(
             f"reward_server_timeout={client.timeout:g} s is shorter than the reward server's grading budget "
             f"({float(grading_budget):g} s, its --grading_budget) plus {BUDGET_MARGIN_SECONDS:g} s: raise "
-            f"reward_server_timeout to at least {float(grading_budget) + BUDGET_MARGIN_SECONDS:g} or start the server "
-            f"with a smaller --grading_budget ({client.url})"
+            f"reward_server_timeout to at least {needed:g} or start the server with a smaller --grading_budget "
+            f"({client.url})"
         )
 
 

@@ -46,9 +46,9 @@ def hybrid_parallel_step(optimizer):
     """fleet's HybridParallelOptimizer.step in its two halves, returning the pre-clip gradient norm measured
     between them: under fleet hybrid parallel, gradients are reduced inside step(), not during backward,
     under sharding each to the sharding rank that updates the parameter. The norm is therefore each
-    sharding rank's own parameters' norm, squared and summed over the sharding group and the pipeline
-    stages, a weight shared by two stages (a tied embedding) counted once (as fleet's HybridParallelClipGrad
-    sums it)."""
+    sharding rank's own parameters' norm, squared and summed over the sharding group, the tensor-parallel
+    group (for the weights fleet's layers split) and the pipeline stages, a weight shared by two stages (a
+    tied embedding) counted once (as fleet's HybridParallelClipGrad sums it)."""
     parameters = list(obtain_optimizer_parameters_list(optimizer._inner_opt))
     optimizer._hybrid_sync_grad(parameters)
     hcg = optimizer._hcg
@@ -59,7 +59,12 @@ def hybrid_parallel_step(optimizer):
         groups.append(hcg.get_sharding_parallel_group())
     if hcg.get_pipe_parallel_world_size() > 1:
         groups.append(hcg.get_pipe_parallel_group())
-    square = paddle.to_tensor(gradient_norm(counted) ** 2, dtype="float64")
+    # fleet's tensor-parallel blocks (is_distributed) sum over the group; a weight each of its ranks holds whole counts once.
+    blocks = [parameter for parameter in counted if getattr(parameter, "is_distributed", False)]
+    square = paddle.to_tensor(gradient_norm(blocks) ** 2, dtype="float64")
+    if hcg.get_model_parallel_world_size() > 1:
+        dist.all_reduce(square, group=hcg.get_model_parallel_group())
+    square += gradient_norm([parameter for parameter in counted if not getattr(parameter, "is_distributed", False)]) ** 2
     for group in groups:
         dist.all_reduce(square, group=group)
     optimizer._step(parameters)

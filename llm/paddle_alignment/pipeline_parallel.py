@@ -31,7 +31,13 @@ from paddlenlp.trainer.trainer_utils import _get_distributed_seeds
 from paddlenlp.utils.env import SAFE_WEIGHTS_INDEX_NAME
 
 from paddle_alignment.distributed import collective, hybrid_communicate_group
-from paddle_alignment.models.tensor_parallel import broadcast_parts
+from paddle_alignment.models.tensor_parallel import broadcast_parts, check_splittable
+from paddle_alignment.stage_tensor_parallel import (
+    bridge_mp_ops_to_gloo,
+    gathered_weights,
+    split_weight_names,
+    stage_weights_from_whole,
+)
 
 
 def bridge_to_gloo():
@@ -73,16 +79,32 @@ def pipe_from_whole(pipe_class, whole, *args, **kwargs):
     # stages, like one process, draw the same samples afterwards.
     random_state = paddle.get_rng_state()
     try:
-        pipe = pipe_class(copy.deepcopy(whole.config), *args, **kwargs)
+        pipe = pipe_class(stage_config(whole.config), *args, **kwargs)
     finally:
         paddle.set_rng_state(random_state)
     missing = set(pipe.state_dict()) - set(whole.state_dict())
     if missing:
         raise ValueError(f"{type(whole).__name__} has no weights for the pipeline stage's {sorted(missing)[:5]}")
-    pipe.set_state_dict(dict(whole.state_dict()))  # (paddlenlp's pipe set_state_dict empties the dict it is given)
+    pipe.set_state_dict(stage_weights_from_whole(pipe, whole.state_dict()))
     mark_shared_weight_copies(pipe)
     hold_stage_parameters(whole, pipe)
     return pipe
+
+
+def stage_config(config):
+    """A copy of a whole model's `config` for its pipeline stage: under tensor parallel, paddlenlp's pipes build
+    fleet's split layers from its tensor_parallel_degree and rank, and the LM head gathers whole logits (the RL
+    objectives take the log-probs of the whole vocabulary)."""
+    config = copy.deepcopy(config)
+    hcg = hybrid_communicate_group()
+    degree = hcg.get_model_parallel_world_size()
+    if degree > 1:
+        check_splittable(config, degree)
+        if paddle.device.get_device() == "cpu":
+            bridge_mp_ops_to_gloo()
+        config.tensor_parallel_degree, config.tensor_parallel_rank = degree, hcg.get_model_parallel_rank()
+        config.tensor_parallel_output = False
+    return config
 
 
 def hold_stage_parameters(whole, pipe):
@@ -95,8 +117,9 @@ def hold_stage_parameters(whole, pipe):
             if parameter is not None:
                 holders.setdefault(id(parameter), []).append((layer, attribute))
     copies = whole.state_dict()  # (a tied head's name too: the same parameter as the embedding's)
+    split = split_weight_names(pipe)  # blocks of the whole model's weights, which it keeps (move_weights)
     for name, parameter in pipe.state_dict().items():  # the stage's parameters themselves, by their plain names
-        if name in copies:
+        if name in copies and name not in split:
             for layer, attribute in holders[id(copies[name])]:
                 setattr(layer, attribute, parameter)
 
@@ -127,10 +150,14 @@ def gathered_over_stages(pipe, what, value):
 
 
 def stage_names(pipe):
-    """Every stage's {parameter name (the plain model's): bytes}."""
-    return gathered_over_stages(
-        pipe, "parameter names", lambda: {name: int(np.prod(t.shape)) * t.element_size() for name, t in pipe.state_dict().items()}
-    )
+    """Every stage's {parameter name (the plain model's): bytes of the whole weight}."""
+    degree = hybrid_communicate_group().get_model_parallel_world_size()
+
+    def sizes():
+        split = split_weight_names(pipe)
+        return {name: int(np.prod(t.shape)) * t.element_size() * (degree if name in split else 1) for name, t in pipe.state_dict().items()}
+
+    return gathered_over_stages(pipe, "parameter names", sizes)
 
 
 def owning_stages(pipe, whole):
@@ -138,8 +165,9 @@ def owning_stages(pipe, whole):
     hold, under the first stage that holds it. With hold_stage_parameters a stage's parameters are its own,
     current without a move (a tied embedding is so on the first and the last stage)."""
 
-    def held():
-        own = {id(parameter) for parameter in pipe.parameters()}
+    def held():  # the stage's own parameters and the whole weights it gathers from tensor-parallel blocks
+        copies = whole.state_dict()
+        own = {id(copies[name]) for name in pipe.state_dict()}
         return sorted(name for name, parameter in whole.named_parameters() if id(parameter) in own)
 
     stages = [set(names) for names in gathered_over_stages(pipe, f"parameters of {type(whole).__name__}", held)]
@@ -158,24 +186,28 @@ def owning_stages(pipe, whole):
 @paddle.no_grad()
 def move_weights(pipe, whole):
     """`whole`'s parameters that this rank's stage does not hold (see hold_stage_parameters) set to the stages'
-    current values, each broadcast over the pipeline group by the first stage holding it. Every rank of the
-    group calls it."""
+    current values: those the stage holds in tensor-parallel blocks gathered over the tensor-parallel group,
+    then each broadcast over the pipeline group by the first stage holding it. Every rank calls it."""
+    copies = whole.state_dict()
+    for name, value in gathered_weights(pipe, split_weight_names(pipe)).items():
+        paddle.assign(value, output=copies[name])
     group = pipeline_group()
     for source_stage, parameters in sorted(owning_stages(pipe, whole).items()):
         broadcast_parts(parameters, group.ranks[source_stage], group, "the weight move from the pipeline stages")
 
 
 def check_same_rows(input_ids):
-    """Stop when the stages of a data rank hold different rollouts: each stage samples its own copy of the
-    batch, and a stage whose copy differed would train on another's activations and labels."""
+    """Stop when the stages (and tensor-parallel ranks) of a data rank hold different rollouts: each samples its
+    own copy of the batch, and one whose copy differed would train on another's activations and labels."""
+    group = hybrid_communicate_group().get_check_parallel_group()
     digest = paddle.to_tensor([input_ids.shape[0], input_ids.shape[1], int((input_ids * (paddle.arange(input_ids.shape[1]) + 1)).sum())], dtype="int64")
     gathered = []
     with collective("the pipeline stages' check of their rollouts"):
-        dist.all_gather(gathered, digest, group=pipeline_group())
+        dist.all_gather(gathered, digest, group=group)
     digests = [tuple(d.numpy().tolist()) for d in gathered]
     if len(set(digests)) > 1:
         raise RuntimeError(
-            f"the pipeline stages (ranks {pipeline_group().ranks}) sampled different rollouts ({digests}: rows, width, "
+            f"the pipeline stages (ranks {group.ranks}) sampled different rollouts ({digests}: rows, width, "
             "token digest): their random states or whole models have drifted apart"
         )
 
@@ -198,14 +230,18 @@ def save_stages(pipe, folder, tokenizer):
         for name in sorted(set(held) - set(weight_map)):
             weight_map[name], total_size = files[index], total_size + held[name]
     os.makedirs(folder, exist_ok=True)
-    if hcg.get_data_parallel_rank() == 0 and hcg.get_sharding_parallel_rank() == 0:
-        own = {name: tensor.cpu().numpy() for name, tensor in pipe.state_dict().items() if weight_map[name] == files[stage]}
+    own = {name: tensor for name, tensor in pipe.state_dict().items() if weight_map[name] == files[stage]}
+    own |= gathered_weights(pipe, sorted(set(own) & set(split_weight_names(pipe))))
+    if hcg.get_data_parallel_rank() == 0 and hcg.get_sharding_parallel_rank() == 0 and hcg.get_model_parallel_rank() == 0:
+        own = {name: tensor.cpu().numpy() for name, tensor in own.items()}
         safetensors.numpy.save_file(own, os.path.join(folder, files[stage]), metadata={"format": "np"})
     if dist.get_rank() == 0:
         index = {"metadata": {"total_size": total_size}, "weight_map": weight_map}
         with open(os.path.join(folder, SAFE_WEIGHTS_INDEX_NAME), "w") as f:
             json.dump(index, f, indent=2)
-        pipe.config.save_pretrained(folder)
+        config = copy.deepcopy(pipe.config)  # the model's, not a tensor-parallel stage's (stage_config)
+        config.tensor_parallel_degree, config.tensor_parallel_rank = 1, 0
+        config.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
 
 

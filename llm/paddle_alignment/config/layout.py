@@ -149,14 +149,9 @@ def refuse_pipeline_parallel(args):
 
 
 def check_pipeline_layout(args):
-    """What RL training under pipeline parallel composes with: data parallel; micro-batches whose widths change
-    from step to step (rollouts of varying lengths), so the stages exchange each micro-batch's shapes."""
-    if args.tensor_parallel_degree > 1:
-        raise ValueError(
-            f"pipeline_parallel_degree={args.pipeline_parallel_degree} with tensor_parallel_degree="
-            f"{args.tensor_parallel_degree}: the pipeline stages do not split over tensor-parallel ranks yet; "
-            "use pipeline and data parallel, or tensor parallel and sharding"
-        )
+    """What RL training under pipeline parallel composes with: tensor parallel inside the stages (fleet's split
+    layers) and data parallel; micro-batches whose widths change from step to step (rollouts of varying
+    lengths), so the stages exchange each micro-batch's shapes."""
     if sharding_stages(args.sharding):
         raise ValueError(
             f"pipeline_parallel_degree={args.pipeline_parallel_degree} with sharding={args.sharding}: pipeline stages "
@@ -169,7 +164,10 @@ def check_pipeline_layout(args):
             "optimizer itself, each micro-batch's loss already its share of the step"
         )
     kept = [option for option in options if option in PIPELINE_OPTIONS_KEPT]
-    args.pipeline_parallel_config = " ".join(kept + ([] if "disable_p2p_cache_shape" in kept else ["disable_p2p_cache_shape"]))
+    # Under tensor parallel fleet sends each rank's share of an activation and gathers it over the tensor-parallel
+    # group on the calc stream, which gloo lacks: on CPU each rank sends it whole.
+    needed = ["disable_p2p_cache_shape"] + ([] if runs_on_accelerator(args) else ["disable_partial_send_recv"])
+    args.pipeline_parallel_config = " ".join(kept + [option for option in needed if option not in kept])
 
 
 # paddlenlp's pipeline_parallel_config options that leave the RL update's schedule and step as they are.

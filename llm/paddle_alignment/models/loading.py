@@ -46,6 +46,11 @@ def load_dtype(training_args):
 
 
 def tensor_parallel_degree(training_args):
+    """The degree the tensor-parallel plan splits the loaded models by: 1 under pipeline parallel, where every
+    rank keeps whole models for the rollout and the trained stages split with fleet's layers (PaddleNLP's
+    eval_mode single)."""
+    if training_args.pipeline_parallel_degree > 1:
+        return 1
     return max(training_args.tensor_parallel_degree, 1)
 
 

@@ -22,7 +22,7 @@ LIBRARY = os.path.join(REPO_ROOT, "llm", "paddle_alignment")
 FLOORS = (
     {"", "watchdog", "cpu_runtime", "custom_ops", "chat_format", "chat_template", "deadline_workers", "experience", "tokens", "algos"},
     {"distributed"},
-    {"models", "micro_batches", "fused_optimizer", "group_sharded", "offload", "optimizer_step", "pipeline_parallel", "update_metrics"},
+    {"models", "micro_batches", "fused_optimizer", "group_sharded", "offload", "optimizer_step", "pipeline_parallel", "stage_tensor_parallel", "update_metrics"},
     {"data"},
     {"rewards"},
     {"agents"},

@@ -1,8 +1,9 @@
 """Pipeline parallel on CPU through fleet's own PipelineLayer and 1F1B schedule (pipeline_parallel.py bridges
-its two device calls to gloo), under `paddle.distributed.launch`: a PP2 GRPO and PPO step (policy and critic
-pipes) equal one process's, and so does a PP2 x DP2 step; a PP2 run writes each stage's part of one loadable
-checkpoint, resumes from it exactly, and saves whole final models. The tiny model's 2 layers make one per
-stage, its tied embedding and LM head a weight the two stages share."""
+its device calls to gloo), under `paddle.distributed.launch`: a PP2 GRPO and PPO step (policy and critic pipes)
+equal one process's, and so do a PP2 x DP2 and a PP2 x TP2 step (fleet's tensor-parallel layers in the stages,
+stage_tensor_parallel.py); a PP2 x TP2 run writes each stage's part of one loadable checkpoint, resumes from it
+exactly, and saves whole final models. The tiny model's 2 layers make one per stage, its tied embedding and LM
+head a weight the two stages share."""
 
 import json
 import os
@@ -67,34 +68,61 @@ def test_pipeline_by_data_parallel_step_equals_one_process(tiny_world, tmp_path,
     assert_step_equals(one, four, "ppo", data_parallel=True)
 
 
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_pipeline_by_tensor_parallel_step_equals_one_process(tiny_world, tmp_path, one_process_first_step, algorithm):
+    """PP2 x TP2 on 4 processes: each stage's layers split over two ranks with fleet's tensor-parallel layers
+    (q/k/v, gate/up by columns, o/down by rows, the tied embedding and LM head over the vocabulary), all four
+    ranks on the same batch; the whole actor gathers the blocks before taking the other stage's weights."""
+    one = one_process_first_step(algorithm)
+    four = first_step(tiny_world, tmp_path, "four", processes=4, data_ranks=1, rl_algorithm=algorithm,
+                      pipeline_parallel_degree=2, tensor_parallel_degree=2)
+    assert_step_equals(one, four, algorithm)
+    ranks = [json.loads((tmp_path / f"four.json.rank{rank}").read_text()) for rank in range(4)]
+    whole = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
+    # Each rank trains a block of its stage: a quarter of the weights, more for what each stage keeps whole.
+    assert all(rank["parameter_elements"] < sum(p.size for p in whole.parameters()) / 2 for rank in ranks)
+
+
+# The checkpointed run's layout: PP2 x TP2 on 4 processes, the files of each stage's tensor-parallel ranks.
+PARTS = ["tp00_pp00", "tp00_pp01", "tp01_pp00", "tp01_pp01"]
+
+
 def pipeline_argv(world, output_dir, **changes):
     return overrides(world, str(output_dir), **{"rl_algorithm": "ppo", "max_steps": 4, "save_steps": 2, "eval_steps": 2,
-                                                "pipeline_parallel_degree": 2, **changes})
+                                                "pipeline_parallel_degree": 2, "tensor_parallel_degree": 2, **changes})
+
+
+def launch_four(argv, log_dir):
+    return launch_two_processes(TINY_CONFIG, argv, log_dir, processes=4)
 
 
 @pytest.fixture(scope="module")
 def pipeline_run(tiny_world, tmp_path_factory):
-    """An uninterrupted PP2 PPO run of 4 steps, checkpoints at 2 and 4: (output_dir, rank 0's step metrics)."""
+    """An uninterrupted PP2 x TP2 PPO run of 4 steps, checkpoints at 2 and 4: (output_dir, rank 0's step metrics)."""
     root = tmp_path_factory.mktemp("pipeline_run")
-    logs = launch_two_processes(TINY_CONFIG, pipeline_argv(tiny_world, root / "out"), root / "log")
+    logs = launch_four(pipeline_argv(tiny_world, root / "out"), root / "log")
     return root / "out", step_metrics(logs[0])
 
 
 def test_pipeline_checkpoints_hold_each_stages_part_and_load_whole(tiny_world, pipeline_run):
-    """Each stage writes its weights into one folder that loads whole in one process (paddlenlp's sharded
-    safetensors with an index), beside its own optimizer file (paddlenlp's pp suffixes)."""
+    """Each stage writes its weights, gathered from its tensor-parallel blocks, into one folder that loads whole
+    in one process (paddlenlp's sharded safetensors with an index), beside each rank's own optimizer file
+    (paddlenlp's tp/pp suffixes)."""
     output_dir, metrics = pipeline_run
     assert len(metrics) == 4 and all(float(m["grad_norm"]) > 0 and float(m["critic_grad_norm"]) > 0 for m in metrics)
     checkpoint = output_dir / "checkpoint-4"
     assert sorted(n for n in os.listdir(checkpoint) if n.endswith(".pdopt")) == [
-        "optimizer.pp00.pdopt", "optimizer.pp01.pdopt", "value_optimizer.pp00.pdopt", "value_optimizer.pp01.pdopt",
+        f"{name}.{part}.pdopt" for name in ("optimizer", "value_optimizer") for part in PARTS
     ]
-    parts = [optimizer_arrays(checkpoint / f"optimizer.pp0{stage}.pdopt") for stage in (0, 1)]
-    assert all(parts) and not set(parts[0]) & set(parts[1]) - {"master_weights"}  # each stage's own states
+    parts = {part: optimizer_arrays(checkpoint / f"optimizer.{part}.pdopt") for part in PARTS}
+    assert all(parts.values()) and not set(parts["tp00_pp00"]) & set(parts["tp00_pp01"]) - {"master_weights"}  # each stage's own
+    up = next(key for key in parts["tp00_pp01"] if "up_proj" in key and "moment1" in key)
+    assert not np.array_equal(parts["tp00_pp01"][up], parts["tp01_pp01"][up])  # each rank's block of it
     policy_files = sorted(os.listdir(checkpoint / "policy"))
     assert "model-00001-of-00002.safetensors" in policy_files and "model-00002-of-00002.safetensors" in policy_files
     index = json.loads((checkpoint / "policy" / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"].values()) == {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}
+    assert "tensor_parallel_degree" not in json.loads((checkpoint / "policy" / "config.json").read_text())
     # The last checkpoint and the final models (written from the whole models after the last update) agree.
     final = AutoModelForCausalLM.from_pretrained(str(output_dir / "policy"))
     from_stages = AutoModelForCausalLM.from_pretrained(str(checkpoint / "policy"))
@@ -105,17 +133,18 @@ def test_pipeline_checkpoints_hold_each_stages_part_and_load_whole(tiny_world, p
     critic = AutoModelForScore.from_pretrained(str(checkpoint / "value"))
     final_critic = AutoModelForScore.from_pretrained(str(output_dir / "value"))
     np.testing.assert_array_equal(critic.score_head.weight.numpy(), final_critic.score_head.weight.numpy())
+    np.testing.assert_array_equal(critic.qwen2.layers[0].self_attn.q_proj.weight.numpy(), final_critic.qwen2.layers[0].self_attn.q_proj.weight.numpy())
 
 
 def test_pipeline_parallel_run_resumes_from_its_checkpoint_exactly(tiny_world, pipeline_run, tmp_path):
     """Rerunning the command with checkpoint-2 in output_dir resumes it: steps 3-4 log the same metrics, and the
-    final policy and every stage's optimizer states at step 4 are equal bit for bit."""
+    final policy and every rank's optimizer states at step 4 are equal bit for bit."""
     output_dir, metrics = pipeline_run
     shutil.copytree(output_dir / "checkpoint-2", tmp_path / "out" / "checkpoint-2")
-    logs = launch_two_processes(TINY_CONFIG, pipeline_argv(tiny_world, tmp_path / "out"), tmp_path / "log")
-    assert_resumed_run_ends_as_uninterrupted(logs[0], tmp_path / "out", output_dir, metrics, parts=["pp00", "pp01"])
-    for stage in ("pp00", "pp01"):
-        name = f"checkpoint-4/value_optimizer.{stage}.pdopt"
+    logs = launch_four(pipeline_argv(tiny_world, tmp_path / "out"), tmp_path / "log")
+    assert_resumed_run_ends_as_uninterrupted(logs[0], tmp_path / "out", output_dir, metrics, parts=PARTS)
+    for part in PARTS:
+        name = f"checkpoint-4/value_optimizer.{part}.pdopt"
         resumed, straight = optimizer_arrays(tmp_path / "out" / name), optimizer_arrays(output_dir / name)
         for key, value in straight.items():
             np.testing.assert_array_equal(resumed[key], value, err_msg=f"{name} {key}")
@@ -131,10 +160,10 @@ def test_a_pipeline_checkpoint_resumes_in_one_process_only_without_its_optimizer
 
     output_dir, _ = pipeline_run
     shutil.copytree(output_dir / "checkpoint-2", tmp_path / "out" / "checkpoint-2")
-    argv = pipeline_argv(tiny_world, tmp_path / "out", pipeline_parallel_degree=1)
+    argv = pipeline_argv(tiny_world, tmp_path / "out", pipeline_parallel_degree=1, tensor_parallel_degree=1)
     with pytest.raises(FileNotFoundError, match=re.escape(
         "This run's parallel layout reads optimizer.pdopt, value_optimizer.pdopt; the checkpoint holds "
-        "optimizer.pp00.pdopt, optimizer.pp01.pdopt, value_optimizer.pp00.pdopt, value_optimizer.pp01.pdopt. A "
+        + ", ".join(f"{name}.{part}.pdopt" for name in ("optimizer", "value_optimizer") for part in PARTS) + ". A "
         "checkpoint resumes at the layout it was saved with"
     )):
         run_ppo.main([TINY_CONFIG, *argv])

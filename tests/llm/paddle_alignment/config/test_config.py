@@ -241,19 +241,20 @@ def test_every_shipped_config_parses(path):
 
 def pipeline_layout(**changes):
     return SimpleNamespace(**{"pipeline_parallel_degree": 2, "tensor_parallel_degree": -1, "sharding": "",
-                              "pipeline_parallel_config": "", **changes})
+                              "pipeline_parallel_config": "", "device": "cpu", **changes})
 
 
-@pytest.mark.parametrize(
-    "changes, message",
-    [
-        ({"tensor_parallel_degree": 2}, "pipeline_parallel_degree=2 with tensor_parallel_degree=2: the pipeline stages do not split"),
-        ({"sharding": "stage1"}, "pipeline_parallel_degree=2 with sharding=stage1: pipeline stages run with data parallel only"),
-    ],
-)
-def test_pipeline_parallel_refuses_the_layouts_its_stages_do_not_run_yet(changes, message):
-    with pytest.raises(ValueError, match=message):
-        check_pipeline_layout(pipeline_layout(**changes))
+def test_pipeline_parallel_refuses_sharding_which_its_stages_do_not_run_yet():
+    with pytest.raises(ValueError, match="pipeline_parallel_degree=2 with sharding=stage1: pipeline stages run with data parallel only"):
+        check_pipeline_layout(pipeline_layout(sharding="stage1"))
+
+
+def test_pipeline_stages_send_whole_activations_on_cpu():
+    """Under tensor parallel fleet sends each rank's share of an activation and gathers it on the calc stream,
+    which gloo lacks."""
+    args = pipeline_layout(tensor_parallel_degree=2)
+    check_pipeline_layout(args)
+    assert args.pipeline_parallel_config == "disable_p2p_cache_shape disable_partial_send_recv"
 
 
 def test_pipeline_stages_exchange_each_micro_batchs_shapes_and_drop_options_the_rl_update_does_not_run():

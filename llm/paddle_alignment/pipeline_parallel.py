@@ -31,7 +31,7 @@ from paddlenlp.trainer.trainer_utils import _get_distributed_seeds
 from paddlenlp.utils.env import SAFE_WEIGHTS_INDEX_NAME
 
 from paddle_alignment.distributed import collective, hybrid_communicate_group
-from paddle_alignment.models.tensor_parallel import broadcast_parts, check_splittable
+from paddle_alignment.models.tensor_parallel import broadcast_parts, buckets, check_splittable, is_tensor_parallel, shard_model
 from paddle_alignment.stage_tensor_parallel import (
     bridge_mp_ops_to_gloo,
     gathered_weights,
@@ -187,13 +187,78 @@ def owning_stages(pipe, whole):
 def move_weights(pipe, whole):
     """`whole`'s parameters that this rank's stage does not hold (see hold_stage_parameters) set to the stages'
     current values: those the stage holds in tensor-parallel blocks gathered over the tensor-parallel group,
-    then each broadcast over the pipeline group by the first stage holding it. Every rank calls it."""
+    then each broadcast over the pipeline group by the first stage holding it. Every rank calls it. A `whole`
+    split for the rollout (eval_mode tensor_parallel) takes them by move_into_split_model."""
+    if is_tensor_parallel(whole):
+        return move_into_split_model(pipe, whole)
     copies = whole.state_dict()
     for name, value in gathered_weights(pipe, split_weight_names(pipe)).items():
         paddle.assign(value, output=copies[name])
     group = pipeline_group()
     for source_stage, parameters in sorted(owning_stages(pipe, whole).items()):
         broadcast_parts(parameters, group.ranks[source_stage], group, "the weight move from the pipeline stages")
+
+
+def split_for_rollout(model, degree):
+    """`model` (None as None) split by the tensor-parallel plan over the `degree` ranks of this data replica, its
+    pipeline x tensor-parallel ranks (eval_mode tensor_parallel; unchanged at degree 1). Nothing trains through
+    it: the stages train, and move_weights gives it their weights."""
+    if model is None or degree <= 1:
+        return model
+    model = shard_model(model, degree, hybrid_communicate_group().get_check_parallel_group())
+    for parameter in model.parameters():
+        parameter.stop_gradient = True
+    return model
+
+
+def stage_sources(pipe, whole):
+    """{stage: [(parameter of `whole`, its name on that stage)]}: each parameter under the first stage holding
+    it by one of its names (a tied LM head is the embedding under a second name)."""
+    stages, names_of = stage_names(pipe), {}
+    for name, tensor in whole.state_dict().items():
+        names_of.setdefault(id(tensor), []).append(name)
+    sources = {}
+    for name, parameter in whole.named_parameters():
+        held = [(stage, alias) for stage, names in enumerate(stages) for alias in names_of[id(parameter)] if alias in names]
+        if not held:
+            raise ValueError(f"no pipeline stage holds {name} of {type(whole).__name__}")
+        stage, alias = held[0]
+        sources.setdefault(stage, []).append((parameter, alias))
+    return sources
+
+
+@paddle.no_grad()
+def move_into_split_model(pipe, whole):
+    """`whole`, split over the ranks of a data replica (split_for_rollout), given the stages' current weights:
+    each weight, whole on its stage (its tensor-parallel blocks gathered), broadcast over the data replica in
+    buckets by that stage's first tensor-parallel rank; every rank keeps its block of it."""
+    hcg = hybrid_communicate_group()
+    group, topology = hcg.get_check_parallel_group(), hcg.topology()
+    own = pipe.state_dict() | gathered_weights(pipe, split_weight_names(pipe))
+    coordinates = topology.get_coord(dist.get_rank())._asdict()
+    for stage, weights in sorted(stage_sources(pipe, whole).items()):
+        source = topology.get_rank(**{**coordinates, "pipe": stage, "model": 0})
+        for bucket in buckets(weights, tensor_of=lambda weight: weight[0]):
+            sizes = [int(np.prod(parameter.shape)) for parameter, _ in bucket]
+            if dist.get_rank() == source:
+                fused = paddle.concat([own[name].flatten() for _, name in bucket])
+            else:
+                fused = paddle.empty([sum(sizes)], dtype=bucket[0][0].dtype)
+            with collective("the weight move from the pipeline stages into the rollout's split models"):
+                dist.broadcast(fused, src=source, group=group)
+            for (parameter, _), value in zip(bucket, paddle.split(fused, sizes)):
+                keep_block(parameter, value.reshape(parameter.shape))
+
+
+def keep_block(parameter, value):
+    """This rank's block of the whole `value` written into the split `parameter` (a one-dimensional mesh)."""
+    placement = parameter.placements[0]
+    if placement.is_shard():
+        mesh, axis = parameter.process_mesh, placement.get_dim()
+        width = value.shape[axis] // mesh.shape[0]
+        index = mesh.process_ids.index(dist.get_rank())
+        value = paddle.slice(value, [axis], [index * width], [(index + 1) * width])
+    paddle.assign(value, output=parameter._local_value())
 
 
 def check_same_rows(input_ids):

@@ -94,13 +94,16 @@ def weight_digest(model):
 
 
 def rank_holdings(trainer):
-    """The elements this rank holds of the policy's parameters and of its optimizer's states, its parameter
-    count, and its tensor-parallel rank."""
+    """The elements this rank holds of the policy's parameters (the trained model's, and the rollout's where
+    pipeline parallel keeps it apart) and of its optimizer's states, its parameter count, and its
+    tensor-parallel rank."""
     states = optimizer_tensors(trainer.optimizer)
     hcg = hybrid_communicate_group()
+    rollout_policy = trainer.whole_models[0] if trainer.whole_models else trainer.model
     return {
         "tensor_parallel_rank": hcg.get_model_parallel_rank() if hcg is not None else 0,
         "parameter_elements": sum(int(local_value(p).size) for p in trainer.model.parameters()),
+        "rollout_parameter_elements": sum(int(local_value(p).size) for p in rollout_policy.parameters()),
         "parameters": len(trainer.model.parameters()),
         "optimizer_state_elements": sum(int(local_value(state).size) for state in states),
     }

@@ -24,11 +24,12 @@ from paddle_alignment.agents.environments import environment_path
 from paddle_alignment.agents.tools import load_tools
 from paddle_alignment.checkpoints.folders import claim_output_dir, resolve_resume_checkpoint
 from paddle_alignment.config.arguments import parse_arguments
+from paddle_alignment.config.layout import rollout_split_degree
 from paddle_alignment.data import PromptOnlyDataset, SupervisedDataset
 from paddle_alignment.distributed import finish_distributed_run
 from paddle_alignment.models.loading import load_tokenizer
 from paddle_alignment.models.rl_models import load_rl_models, load_teacher
-from paddle_alignment.pipeline_parallel import seed_stages_alike
+from paddle_alignment.pipeline_parallel import seed_stages_alike, split_for_rollout
 from paddle_alignment.rewards.scoring import build_reward_scorer, reference_checker
 from paddle_alignment.rollout import ColocatedRollout
 from paddle_alignment.rollout.decode import greedy_responses
@@ -55,11 +56,15 @@ def build_trainer(argv):
     tokenizer = load_tokenizer(model_args.tokenizer_name_or_path or model_args.actor_model_name_or_path, training_args.eos_token)
     actor, reference, reward_model, critic = load_rl_models(model_args, training_args)
     # Under pipeline parallel the actor and critic train as this rank's pipeline stages; the rollout, the
-    # behaviour log-probs and the values run on the whole models, which take the stages' weights after each update.
+    # behaviour log-probs and the values run on the non-pipeline models, which take the stages' weights after
+    # each update: whole on each rank, or split over the data replica's ranks (eval_mode tensor_parallel).
     whole_models = None
     if training_args.pipeline_parallel_degree > 1:
+        stages = pipeline_stages(actor, critic, training_args)
+        degree = rollout_split_degree(training_args)
+        actor, reference, reward_model, critic = (split_for_rollout(model, degree) for model in (actor, reference, reward_model, critic))
         whole_models = (actor, critic)
-        actor, critic = pipeline_stages(actor, critic, training_args)
+        actor, critic = stages
     columns = {"seed": training_args.seed, "prompt_key": data_args.prompt_key, "label_key": data_args.label_key}
     reward_tokenizer = load_tokenizer(model_args.reward_model_name_or_path) if reward_model is not None else None
     reward_scorer = build_reward_scorer(training_args, reward_model, reward_tokenizer, judge_decode=greedy_responses)

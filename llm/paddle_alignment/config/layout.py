@@ -61,15 +61,53 @@ class ParallelLayoutArguments:
         metadata={"help": "GPU only: any of freeze_model (reference, teacher and reward models), optimizer (optimizer states), train_model (actor and critic), space separated, kept in pinned host memory except while used. On CPU it has no effect, and says so once."},
     )
     offload_optim: bool = field(default=False, metadata={"help": "Offload the optimizer states (adds optimizer to offload_level)."})
+    eval_mode: str = field(
+        default="single",
+        metadata={"help": "Under pipeline parallel (PaddleNLP's key; empty is single), how the non-pipeline models that roll out, score and evaluate (actor, critic, reference, reward model) are held: single, whole on every rank; tensor_parallel, split by the tensor-parallel plan over every rank of a data replica (its pipeline x tensor-parallel ranks), the stages' weights moved into them after each update. Without pipeline parallel they run on the training layout."},
+    )
+    rollout_tensor_parallel_degree: int = field(
+        default=-1,
+        metadata={"help": "How many ranks the rollout's models split over (PaddleNLP's key): -1 for what the layout gives (tensor_parallel_degree; under pipeline parallel 1 with eval_mode single, pipeline x tensor_parallel_degree with eval_mode tensor_parallel); another value is refused."},
+    )
 
     def validate_scale_out(self):
         """The parallel layout, offload groups and recompute granularities."""
         check_launch_layout(self, pipeline_parallel=True)
+        check_rollout_layout(self)
         self.switch_off_gpu_kernels(runs_on_accelerator(self))
         self.offload_level = " ".join(sorted(parse_offload_level(self.offload_level)))
         for key in ("recompute_granularity", "critic_recompute_granularity"):
             if getattr(self, key) not in RECOMPUTE_GRANULARITIES:
                 raise ValueError(f"{key}={getattr(self, key)!r}: choose from {RECOMPUTE_GRANULARITIES}")
+
+
+EVAL_MODES = ("single", "tensor_parallel")
+
+
+def rollout_split_degree(args):
+    """How many ranks the non-pipeline models (rollout, log-probs, values, evaluation, reference and reward)
+    split over: the tensor-parallel degree; under pipeline parallel 1 (eval_mode single) or every pipeline x
+    tensor-parallel rank of a data replica (eval_mode tensor_parallel)."""
+    tensor_parallel = max(args.tensor_parallel_degree, 1)
+    if args.pipeline_parallel_degree <= 1:
+        return tensor_parallel
+    return tensor_parallel * args.pipeline_parallel_degree if args.eval_mode == "tensor_parallel" else 1
+
+
+def check_rollout_layout(args):
+    """eval_mode (PaddleNLP's empty value is single) and a rollout_tensor_parallel_degree the layout gives."""
+    args.eval_mode = args.eval_mode or "single"
+    if args.eval_mode not in EVAL_MODES:
+        raise ValueError(f"eval_mode={args.eval_mode!r}: choose from {EVAL_MODES}")
+    if args.eval_mode != "single" and args.pipeline_parallel_degree <= 1:
+        logger.info(f"eval_mode={args.eval_mode} has no effect without pipeline parallel: the rollout runs on the training layout")
+    degree = rollout_split_degree(args)
+    if args.rollout_tensor_parallel_degree not in (-1, degree):
+        raise ValueError(
+            f"rollout_tensor_parallel_degree={args.rollout_tensor_parallel_degree}: the rollout's models split over "
+            f"{degree} rank(s) in this layout (tensor_parallel_degree={args.tensor_parallel_degree}, pipeline_parallel_degree="
+            f"{args.pipeline_parallel_degree}, eval_mode={args.eval_mode}); give -1 or {degree}"
+        )
 
 
 def check_parallel_degrees(args, world_size, on_accelerator):

@@ -28,10 +28,7 @@ ALIASES = {
     "context_parallel_size": "context_parallel_degree",
 }
 
-_SAME_LAYOUT = (
-    "rollout and evaluation run on the training layout (the tensor-parallel plan decodes on its shards); under "
-    "pipeline parallel on a whole copy of the model on each rank (PaddleNLP's eval_mode single)"
-)
+_SAME_LAYOUT = "evaluation runs on the training layout (run_ppo.py reads it: see eval_mode)"
 _NO_DROPOUT = "the models train with the dropout their config.json sets (PaddleNLP's RL default is none)"
 _NO_TOKENIZER_SAMPLING = "prompts and labels are tokenized deterministically"
 _NO_EARLY_STOP = "a run goes to max_steps; there is no early stopping on evaluation metrics"

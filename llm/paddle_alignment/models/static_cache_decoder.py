@@ -20,15 +20,14 @@ import paddle
 import paddle.distributed as dist
 import paddle.nn.functional as F
 
-from paddle_alignment.distributed import hybrid_communicate_group
 from paddle_alignment.models.decoder_weights import LayerWeights, LMHead, RMSNorm, VocabParallelEmbedding, unsupported_reason
 from paddle_alignment.models.fused_kernels import rotary
 from paddle_alignment.models.native_forward import NativeCacheSession, NativeDecoder, native_ops, native_unsupported_reason
-from paddle_alignment.models.tensor_parallel import is_tensor_parallel
+from paddle_alignment.models.tensor_parallel import is_tensor_parallel, split_group
 
 def tensor_parallel_group(model):
     """The group over which `model`'s weights are split, or None."""
-    return hybrid_communicate_group().get_model_parallel_group() if is_tensor_parallel(model) else None
+    return split_group(model) if is_tensor_parallel(model) else None
 
 
 class StaticCacheDecoder:

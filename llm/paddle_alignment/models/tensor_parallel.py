@@ -8,6 +8,9 @@ parameters become distributed tensors; Paddle's engine inserts the collectives o
 backward passes (the vocab-parallel softmax of the log-probs among them).
 """
 
+import math
+import weakref
+
 import paddle
 import paddle.distributed as dist
 from paddle.distributed.auto_parallel.api import dtensor_from_local
@@ -21,9 +24,16 @@ COLUMN_PARALLEL = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "
 ROW_PARALLEL = ("self_attn.o_proj", "mlp.down_proj")
 
 
-def tensor_parallel_mesh():
-    """The process mesh of this rank's tensor-parallel group (fleet's model-parallel group)."""
-    return dist.ProcessMesh(hybrid_communicate_group().get_model_parallel_group().ranks, dim_names=["mp"])
+# The group each model shard_model split is split over, for code that runs the model's collectives itself.
+SPLIT_GROUPS = weakref.WeakKeyDictionary()
+
+
+def split_group(model):
+    """The group `model`'s weights are split over by shard_model."""
+    group = SPLIT_GROUPS.get(model)
+    if group is None:
+        raise ValueError(f"{type(model).__name__} was not split by shard_model: the group its weights are split over is unknown")
+    return group
 
 
 def check_splittable(config, degree):
@@ -58,15 +68,19 @@ def parallelize_plan(model, degree):
     return plan
 
 
-def shard_model(model, degree):
-    """`model` split over the tensor-parallel group (unchanged at degree 1)."""
+def shard_model(model, degree, group=None):
+    """`model` split over `group` of `degree` ranks, by default the tensor-parallel group (fleet's model-parallel
+    group); unchanged at degree 1."""
     if degree <= 1:
         return model
+    group = group or hybrid_communicate_group().get_model_parallel_group()
     check_splittable(model.config, degree)
     plan = parallelize_plan(model, degree)
     if not plan:
         raise ValueError(f"{type(model).__name__} has none of the layers the tensor-parallel plan splits ({COLUMN_PARALLEL + ROW_PARALLEL})")
-    model, _ = dist.parallelize(model, None, mesh=tensor_parallel_mesh(), config={"mp_config": {"parallelize_plan": plan}})
+    mesh = dist.ProcessMesh(group.ranks, dim_names=["mp"])
+    model, _ = dist.parallelize(model, None, mesh=mesh, config={"mp_config": {"parallelize_plan": plan}})
+    SPLIT_GROUPS[model] = group
     vocabulary = "split" if splits_vocabulary(model, degree) else "whole on every rank"
     logger.info(f"{type(model).__name__} split over {degree} tensor-parallel ranks: {len(plan)} layers, vocabulary {vocabulary}")
     return model
@@ -129,16 +143,18 @@ def average_gradients_over_data_ranks(parameters):
         write_back(bucket, fused / ranks)
 
 
-def buckets(tensors):
-    """`tensors` in consecutive runs of one dtype and at most BUCKET_BYTES (a larger tensor alone), each
-    fused into one tensor for one collective."""
+def buckets(items, tensor_of=lambda item: item):
+    """`items` (tensors, or what `tensor_of` finds a tensor in) in consecutive runs of one dtype and at most
+    BUCKET_BYTES of their tensors' (global) shapes (a larger tensor alone), each fused into one tensor for one
+    collective."""
     bucket, size = [], 0
-    for tensor in tensors:
-        nbytes = tensor.size * tensor.element_size()
-        if bucket and (tensor.dtype != bucket[0].dtype or size + nbytes > BUCKET_BYTES):
+    for item in items:
+        tensor = tensor_of(item)
+        nbytes = math.prod(tensor.shape) * tensor.element_size()
+        if bucket and (tensor.dtype != tensor_of(bucket[0]).dtype or size + nbytes > BUCKET_BYTES):
             yield bucket
             bucket, size = [], 0
-        bucket.append(tensor)
+        bucket.append(item)
         size += nbytes
     if bucket:
         yield bucket

@@ -83,6 +83,29 @@ def test_pipeline_by_tensor_parallel_step_equals_one_process(tiny_world, tmp_pat
     assert all(rank["parameter_elements"] < sum(p.size for p in whole.parameters()) / 2 for rank in ranks)
 
 
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_a_rollout_split_over_the_stages_steps_as_one_process(tiny_world, tmp_path, one_process_first_step, algorithm):
+    """eval_mode tensor_parallel at PP2: the actor, critic and reference that roll out and score split over both
+    stages' ranks by the tensor-parallel plan, each rank holding half of them; the step, and the whole actor
+    gathered after the weight move, are one process's."""
+    one = one_process_first_step(algorithm)
+    two = first_step(tiny_world, tmp_path, "two", processes=2, data_ranks=1, rl_algorithm=algorithm,
+                     pipeline_parallel_degree=2, eval_mode="tensor_parallel")
+    assert_step_equals(one, two, algorithm)
+    whole = sum(p.size for p in AutoModelForCausalLM.from_pretrained(tiny_world["model"]).parameters())
+    for rank in (0, 1):  # half of each split weight; norms whole, and the tied embedding unsplit by the plan
+        assert json.loads((tmp_path / f"two.json.rank{rank}").read_text())["rollout_parameter_elements"] < 0.6 * whole
+
+
+def test_a_rollout_split_over_each_data_ranks_stages_steps_as_one_process(tiny_world, tmp_path, one_process_first_step):
+    """eval_mode tensor_parallel at PP2 x DP2: each data rank's rollout models split over its two stages' ranks
+    (fleet's check group), not over the data ranks."""
+    one = one_process_first_step("ppo")
+    four = first_step(tiny_world, tmp_path, "four", processes=4, data_ranks=2, rl_algorithm="ppo", pipeline_parallel_degree=2,
+                      eval_mode="tensor_parallel")
+    assert_step_equals(one, four, "ppo", data_parallel=True)
+
+
 # The checkpointed run's layout: PP2 x TP2 on 4 processes, the files of each stage's tensor-parallel ranks.
 PARTS = ["tp00_pp00", "tp00_pp01", "tp01_pp00", "tp01_pp01"]
 

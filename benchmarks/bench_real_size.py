@@ -8,6 +8,7 @@ bandwidth limit; with --trl_python, TRL's GRPOTrainer on the same model, work an
     python benchmarks/bench_real_size.py --work /tmp/real_size --mode packing --rows 1 4 16   # packed weights or not
     ... --trl_python /path/to/venv/bin/python                                        # TRL's step beside ours
     ... --pipeline_parallel_degree 2        # also the step at PP2 over 2 processes: each rank's peak, the weight move
+    ... --pipeline_parallel_degree 2 --eval_mode tensor_parallel   # the rollout's models split over the 2 stages' ranks
     ... --layers 2 --teacher_layers 24      # on-policy distillation: a 24-layer teacher scores a 2-layer student's samples
 
 The model is a random Qwen2.5-0.5B (llm/tools/build_real_model.py: hidden 896, 24 layers, vocabulary
@@ -29,9 +30,10 @@ AdamW's two moments (4 copies of its parameters) and the reference model's (and 
 is the step's own (the kernel's high-water mark reset when the step starts, in each trainer's process),
 so that loading a checkpoint does not count.
 With --pipeline_parallel_degree N the same step also runs over N processes (`paddle.distributed.launch`),
-the actor trained as N pipeline stages and the rollout on a whole copy per rank (eval_mode single); it
-prints each rank's step peak RSS beside the one process's, and the seconds the stages' weights took to move
-into the copies after the update.
+the actor trained as N pipeline stages and the rollout on a whole copy per rank (eval_mode single), or, with
+--eval_mode tensor_parallel, the rollout's actor and reference split over the N ranks; it prints each rank's
+step peak RSS beside the one process's, and the seconds the stages' weights took to move into the rollout's
+actor after the update.
 With --teacher_layers N the step also distils from a teacher of the same architecture with N layers (its
 log-probs of every sampled token, distill_coeff 1 beside the rule's GRPO advantages, docs/distillation.md), and
 prints the teacher pass's share of the step (teacher_share_of_step).
@@ -142,6 +144,7 @@ def run_ours(args, model, prompts):
         "--share_prompt_forward", "true" if args.share_prompt_forward else "false",
         "--max_steps", "1", "--disable_tqdm", "true",
         "--pipeline_parallel_degree", str(args.internal_pipeline),
+        *(["--eval_mode", args.eval_mode] if args.internal_pipeline > 1 else []),
         *(["--teacher_model_name_or_path", model_folder(args, args.teacher_layers), "--distill_loss", args.distill_loss]
           if args.teacher_layers else []),
     ])
@@ -194,6 +197,7 @@ def run_ours_process(args, stages):
 def pipeline_step(args, one):
     """The step at --pipeline_parallel_degree stages beside the one process's (`one`)."""
     ranks = run_ours_process(args, args.pipeline_parallel_degree)
+    print(f"pp{args.pipeline_parallel_degree}: eval_mode {args.eval_mode}")
     for figures in ranks:
         phases = ", ".join(f"{name} {value:.1f} s" for name, value in figures["phases"].items())
         print(f"pp{args.pipeline_parallel_degree} rank {figures['rank']}: {figures['seconds']:.1f} s for the step ({phases})")
@@ -388,6 +392,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=10, help="--mode packing's steps per variant and row count")
     parser.add_argument("--trl_python", default=None, help="a Python with torch, transformers and trl (see bench_trl_grpo.py)")
     parser.add_argument("--pipeline_parallel_degree", type=int, default=1, help="also run the step over this many pipeline stages")
+    parser.add_argument("--eval_mode", choices=("single", "tensor_parallel"), default="single", help="the pipeline run's rollout models")
     parser.add_argument("--teacher_layers", type=int, default=0, help="also distil from a teacher of --name with this many layers")
     parser.add_argument("--distill_loss", default="reverse_kl", help="with --teacher_layers: reverse_kl or gkd")
     parser.add_argument("--internal_ours", action="store_true", help=argparse.SUPPRESS)

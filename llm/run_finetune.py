@@ -22,13 +22,14 @@ import paddle
 from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import Trainer, TrainingArguments, set_seed
 
+from llm.alignment.ppo.models.model_pp import causal_lm_stage
 from paddle_alignment.checkpoints.folders import output_dir_claimed
 from paddle_alignment.config.arguments import parse_arguments
-from paddle_alignment.config.layout import refuse_pipeline_parallel
 from paddle_alignment.data import IGNORE_INDEX, SupervisedDataset
 from paddle_alignment.distributed import finish_distributed_run
 from paddle_alignment.fused_optimizer import FusedOptimizerMixin
 from paddle_alignment.models.loading import load_causal_lm, load_tokenizer
+from paddle_alignment.pipeline_parallel import seed_stages_alike
 from paddle_alignment.split_training import AverageSplitGradients, SplitModelMixin
 
 
@@ -59,11 +60,13 @@ ARGUMENT_CLASSES = (FinetuneModelArgument, FinetuneDataArgument, TrainingArgumen
 
 def main(argv):
     model_args, data_args, training_args = parse_arguments(argv, ARGUMENT_CLASSES)
-    refuse_pipeline_parallel(training_args)
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
+    seed_stages_alike(training_args.seed)  # every stage draws the same batches
     tokenizer = load_tokenizer(model_args.model_name_or_path)
     model = load_causal_lm(model_args.model_name_or_path, training_args)
+    if training_args.pipeline_parallel_degree > 1:  # trained by paddlenlp's pipeline loop
+        model = causal_lm_stage(model)
 
     def dataset(split):
         path = os.path.join(data_args.dataset_name_or_path, f"{split}.json")

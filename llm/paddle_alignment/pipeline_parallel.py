@@ -29,8 +29,10 @@ from paddle.distributed.fleet.meta_parallel import PipelineLayer
 from paddle.distributed.fleet.meta_parallel.pp_utils import p2p_communication
 from paddlenlp.trainer.trainer_utils import _get_distributed_seeds
 from paddlenlp.utils.env import SAFE_WEIGHTS_INDEX_NAME
+from safetensors import safe_open
 
 from paddle_alignment.distributed import collective, hybrid_communicate_group
+from paddle_alignment.models.hf_layout import safetensors_files
 from paddle_alignment.models.tensor_parallel import broadcast_parts, buckets, check_splittable, is_tensor_parallel, shard_model
 from paddle_alignment.stage_tensor_parallel import (
     bridge_mp_ops_to_gloo,
@@ -192,8 +194,8 @@ def move_weights(pipe, whole):
     if is_tensor_parallel(whole):
         return move_into_split_model(pipe, whole)
     copies = whole.state_dict()
-    for name, value in gathered_weights(pipe, split_weight_names(pipe)).items():
-        paddle.assign(value, output=copies[name])
+    for name in split_weight_names(pipe):  # one whole weight at a time
+        paddle.assign(gathered_weights(pipe, [name])[name], output=copies[name])
     group = pipeline_group()
     for source_stage, parameters in sorted(owning_stages(pipe, whole).items()):
         broadcast_parts(parameters, group.ranks[source_stage], group, "the weight move from the pipeline stages")
@@ -234,20 +236,28 @@ def move_into_split_model(pipe, whole):
     buckets by that stage's first tensor-parallel rank; every rank keeps its block of it."""
     hcg = hybrid_communicate_group()
     group, topology = hcg.get_check_parallel_group(), hcg.topology()
-    own = pipe.state_dict() | gathered_weights(pipe, split_weight_names(pipe))
     coordinates = topology.get_coord(dist.get_rank())._asdict()
     for stage, weights in sorted(stage_sources(pipe, whole).items()):
         source = topology.get_rank(**{**coordinates, "pipe": stage, "model": 0})
         for bucket in buckets(weights, tensor_of=lambda weight: weight[0]):
             sizes = [int(np.prod(parameter.shape)) for parameter, _ in bucket]
+            if stage == hcg.get_stage_id():  # one bucket of the stage's weights whole at a time
+                values = whole_stage_weights(pipe, [name for _, name in bucket])
             if dist.get_rank() == source:
-                fused = paddle.concat([own[name].flatten() for _, name in bucket])
+                fused = paddle.concat([values[name].flatten() for _, name in bucket])
             else:
                 fused = paddle.empty([sum(sizes)], dtype=bucket[0][0].dtype)
             with collective("the weight move from the pipeline stages into the rollout's split models"):
                 dist.broadcast(fused, src=source, group=group)
             for (parameter, _), value in zip(bucket, paddle.split(fused, sizes)):
                 keep_block(parameter, value.reshape(parameter.shape))
+
+
+def whole_stage_weights(pipe, names):
+    """{name: whole value} of the stage's weights `names`, those fleet splits gathered over the tensor-parallel
+    group (every rank of it calls this)."""
+    state, split = pipe.state_dict(), split_weight_names(pipe)
+    return {name: state[name] for name in names} | gathered_weights(pipe, [name for name in names if name in split])
 
 
 def keep_block(parameter, value):
@@ -295,8 +305,7 @@ def save_stages(pipe, folder, tokenizer):
         for name in sorted(set(held) - set(weight_map)):
             weight_map[name], total_size = files[index], total_size + held[name]
     os.makedirs(folder, exist_ok=True)
-    own = {name: tensor for name, tensor in pipe.state_dict().items() if weight_map[name] == files[stage]}
-    own |= gathered_weights(pipe, sorted(set(own) & set(split_weight_names(pipe))))
+    own = whole_stage_weights(pipe, sorted(name for name in pipe.state_dict() if weight_map[name] == files[stage]))
     if hcg.get_data_parallel_rank() == 0 and hcg.get_sharding_parallel_rank() == 0 and hcg.get_model_parallel_rank() == 0:
         own = {name: tensor.cpu().numpy() for name, tensor in own.items()}
         safetensors.numpy.save_file(own, os.path.join(folder, files[stage]), metadata={"format": "np"})
@@ -308,6 +317,23 @@ def save_stages(pipe, folder, tokenizer):
         config.tensor_parallel_degree, config.tensor_parallel_rank = 1, 0
         config.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
+
+
+@paddle.no_grad()
+def load_stages(pipe, folder):
+    """`pipe`'s weights from the safetensors of `folder` (save_stages' or save_model's, paddlenlp's names): each
+    rank reads only its stage's tensors, and cuts its tensor-parallel blocks from them."""
+    found = safetensors_files(folder)
+    if not found or found[1]:
+        raise ValueError(f"{folder} holds no safetensors in paddlenlp's layout to resume the pipeline stage from")
+    wanted, read = set(pipe.state_dict()), {}
+    for path in found[0]:
+        with safe_open(path, framework="np") as f:
+            read |= {name: paddle.to_tensor(f.get_tensor(name)) for name in f.keys() if name in wanted}
+    missing = wanted - set(read)
+    if missing:
+        raise ValueError(f"{folder} lacks the pipeline stage's {sorted(missing)[:5]}")
+    pipe.set_state_dict(stage_weights_from_whole(pipe, read))
 
 
 def seed_stages_alike(seed):

@@ -29,6 +29,7 @@ from paddle_alignment.models.tensor_parallel import (
     local_value,
     set_local_state,
 )
+from paddle_alignment.pipeline_parallel import is_pipeline_stage, load_stages
 
 
 class SplitModelMixin:
@@ -47,17 +48,21 @@ class SplitModelMixin:
 
     def _load_from_checkpoint(self, resume_from_checkpoint=None):
         """paddlenlp's resume of the model's weights, except that a split model reads its parts of the whole
-        safetensors save_model wrote into the checkpoint."""
-        if not resume_from_checkpoint or not is_tensor_parallel(self.model):
+        safetensors save_model wrote into the checkpoint, and a pipeline stage its stage's tensors of them."""
+        if not resume_from_checkpoint or not (is_tensor_parallel(self.model) or is_pipeline_stage(self.model)):
             return super()._load_from_checkpoint(resume_from_checkpoint)
         if resume_from_checkpoint is True:  # from Python: the command line's `true` is resolved before (folders.py)
             resume_from_checkpoint = checkpoint_to_resume(self.args.output_dir)
-        load_into(self.model, resume_from_checkpoint)
+        if is_pipeline_stage(self.model):
+            load_stages(self.model, resume_from_checkpoint)
+        else:
+            load_into(self.model, resume_from_checkpoint)
 
     def save_model(self, output_dir=None, merge_tensor_parallel=False):
         """paddlenlp's save, except that a split model is gathered and written whole, as safetensors, by rank
-        0 (every rank calls it), so that it loads on one device or splits again at any degree."""
-        if not is_tensor_parallel(self.model):
+        0, and a pipeline stage writes its part of one such folder (every rank calls it), so that it loads on
+        one device or splits again at any layout."""
+        if not (is_tensor_parallel(self.model) or is_pipeline_stage(self.model)):
             return super().save_model(output_dir, merge_tensor_parallel)
         save_model(self.model, output_dir or self.args.output_dir, self.tokenizer)
 

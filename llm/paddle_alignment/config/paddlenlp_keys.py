@@ -28,7 +28,7 @@ ALIASES = {
     "context_parallel_size": "context_parallel_degree",
 }
 
-_SAME_LAYOUT = "evaluation runs on the training layout (run_ppo.py reads it: see eval_mode)"
+_SAME_LAYOUT = "this entry point evaluates on its training layout (run_ppo.py reads it under pipeline parallel)"
 _NO_DROPOUT = "the models train with the dropout their config.json sets (PaddleNLP's RL default is none)"
 _NO_TOKENIZER_SAMPLING = "prompts and labels are tokenized deterministically"
 _NO_EARLY_STOP = "a run goes to max_steps; there is no early stopping on evaluation metrics"

@@ -33,12 +33,13 @@ import types
 
 import paddle
 import paddle.nn.functional as F
+from paddle.distributed.auto_parallel.api import dtensor_from_local
 from paddlenlp.transformers.llama import modeling as llama_modeling
 from paddlenlp.transformers.qwen2 import modeling as qwen2_modeling
 
 from paddle_alignment.algos.token_stats import entropy_from_logits, gather_logprobs, tempered_logits
 from paddle_alignment.custom_ops import paddlenlp_ops_with
-from paddle_alignment.models.tensor_parallel import is_dist_tensor
+from paddle_alignment.models.tensor_parallel import is_dist_tensor, local_value
 
 SWITCH = "PADDLE_ALIGNMENT_FUSED_KERNELS"
 FUSED_OPS = ("fused_rms_norm", "fused_add_rms_norm", "fused_swiglu", "fused_rotary", "fused_token_logprobs")
@@ -165,15 +166,25 @@ def token_logprobs_and_entropy(logits, labels, temperature=1.0):
     both included (an output that is not differentiated costs nothing in the backward). Labels -100 (the
     ignore index of F.cross_entropy) give log-prob 0."""
     ops = fused_ops()
-    if ops is not None and logits.place.is_cpu_place() and not is_dist_tensor(logits):
-        if logits.dtype != paddle.float32:
-            logits = logits.astype("float32")
-        if labels.dtype != paddle.int64:
-            labels = labels.astype("int64")
-        logprobs, entropy, _ = ops.fused_token_logprobs(logits, labels, float(temperature))
-        return logprobs, entropy
+    if ops is not None and logits.place.is_cpu_place():
+        if not is_dist_tensor(logits):
+            return fused_token_stats(ops, logits, labels, temperature)
+        if not paddle.is_grad_enabled() and all(placement.is_replicated() for placement in logits.placements):
+            # A split model's whole logits (its vocabulary unsplit), without a backward: each rank's copy is
+            # the whole value, and Paddle's CPU log_softmax over a real vocabulary takes minutes.
+            stats = fused_token_stats(ops, logits._local_value(), local_value(labels), temperature)
+            return tuple(dtensor_from_local(stat, logits.process_mesh, logits.placements) for stat in stats)
     tempered = tempered_logits(logits, temperature)
     return gather_logprobs(tempered, labels), entropy_from_logits(tempered)
+
+
+def fused_token_stats(ops, logits, labels, temperature):
+    if logits.dtype != paddle.float32:
+        logits = logits.astype("float32")
+    if labels.dtype != paddle.int64:
+        labels = labels.astype("int64")
+    logprobs, entropy, _ = ops.fused_token_logprobs(logits, labels, float(temperature))
+    return logprobs, entropy
 
 
 # ---- putting them into paddlenlp's layers -----------------------------------------------------------

@@ -122,6 +122,7 @@ class LlamaValuePipe(ValuePipeMixin, LlamaForCausalLMPipe):
     _keys_to_ignore_on_load_unexpected = LlamaForCausalLMPipe._keys_to_ignore_on_load_unexpected + CRITIC_IGNORED_KEYS
 
 
+CAUSAL_LM_PIPES = {"qwen2": Qwen2ForCausalLMPipe, "llama": LlamaForCausalLMPipe}
 POLICY_PIPES = {"qwen2": Qwen2PolicyPipe, "llama": LlamaPolicyPipe}
 VALUE_PIPES = {"qwen2": Qwen2ValuePipe, "llama": LlamaValuePipe}
 
@@ -141,6 +142,12 @@ def policy_pipe_class(config):
 def value_pipe_class(config):
     """The value pipe for a plain causal LM's or score model's config (by `model_type`)."""
     return pipe_class(VALUE_PIPES, config)
+
+
+def causal_lm_stage(model):
+    """This rank's pipeline stage of the loaded causal LM `model` for supervised fine-tuning: paddlenlp's own
+    pipe, its language-modelling loss, holding the model's weights."""
+    return pipe_from_whole(pipe_class(CAUSAL_LM_PIPES, model.config), model)
 
 
 def pipeline_stages(actor, critic, args):

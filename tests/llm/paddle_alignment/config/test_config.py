@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +17,13 @@ from llm.run_finetune import ARGUMENT_CLASSES as FINETUNE_ARGUMENTS
 from llm.tools.build_real_model import real_config
 from paddle_alignment.config.arguments import ARGUMENT_CLASSES, check_pipeline_training, parse_arguments
 from paddle_alignment.config.decoupled import DecoupledRolloutArguments
-from paddle_alignment.config.layout import check_parallel_degrees, check_pipeline_layout, refuse_pipeline_parallel
+from paddle_alignment.config.layout import (
+    check_parallel_degrees,
+    check_pipeline_layout,
+    check_rollout_layout,
+    refuse_pipeline_parallel,
+    rollout_split_degree,
+)
 from paddle_alignment.config.multi_turn import MultiTurnArguments
 from paddle_alignment.config.paddlenlp_keys import canonical_options
 from paddle_alignment.models.tensor_parallel import check_splittable
@@ -247,6 +254,37 @@ def pipeline_layout(**changes):
 def test_pipeline_parallel_refuses_sharding_which_its_stages_do_not_run_yet():
     with pytest.raises(ValueError, match="pipeline_parallel_degree=2 with sharding=stage1: pipeline stages run with data parallel only"):
         check_pipeline_layout(pipeline_layout(sharding="stage1"))
+
+
+@pytest.mark.parametrize(
+    "layout, degree",
+    [
+        ({"pipeline_parallel_degree": 2, "tensor_parallel_degree": 2, "eval_mode": "single"}, 1),
+        ({"pipeline_parallel_degree": 2, "tensor_parallel_degree": 2, "eval_mode": "tensor_parallel"}, 4),
+        ({"pipeline_parallel_degree": 4, "tensor_parallel_degree": -1, "eval_mode": "tensor_parallel"}, 4),
+        ({"pipeline_parallel_degree": 1, "tensor_parallel_degree": 8, "eval_mode": "single"}, 8),
+    ],
+)
+def test_the_rollout_models_split_over_what_eval_mode_and_the_layout_give(layout, degree):
+    args = SimpleNamespace(rollout_tensor_parallel_degree=-1, **layout)
+    check_rollout_layout(args)
+    assert rollout_split_degree(args) == degree
+    args.rollout_tensor_parallel_degree = degree
+    check_rollout_layout(args)
+
+
+def test_paddlenlps_empty_eval_mode_is_single_and_a_rollout_degree_the_layout_does_not_give_is_refused():
+    args = SimpleNamespace(pipeline_parallel_degree=2, tensor_parallel_degree=2, eval_mode="", rollout_tensor_parallel_degree=-1)
+    check_rollout_layout(args)
+    assert args.eval_mode == "single"
+    args.rollout_tensor_parallel_degree = 2
+    with pytest.raises(ValueError, match=re.escape(
+        "rollout_tensor_parallel_degree=2: the rollout's models split over 1 rank(s) in this layout (tensor_parallel_degree=2, "
+        "pipeline_parallel_degree=2, eval_mode=single); give -1 or 1"
+    )):
+        check_rollout_layout(args)
+    with pytest.raises(ValueError, match="eval_mode='sharded': choose from"):
+        check_rollout_layout(SimpleNamespace(pipeline_parallel_degree=2, tensor_parallel_degree=1, eval_mode="sharded", rollout_tensor_parallel_degree=-1))
 
 
 def test_pipeline_stages_send_whole_activations_on_cpu():

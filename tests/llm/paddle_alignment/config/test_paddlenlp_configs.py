@@ -57,7 +57,6 @@ def test_qwen_grpo_json_runs_against_a_server_without_health_and_resumes_without
         "normalize_reward=True has no effect with rl_algorithm=grpo",
         "ptx_coeff=16.0 has no effect without ptx_datasets",
         "use_flash_attention=True has no effect on CPU",
-        "config key eval_mode= has no effect here",
         "config key tensor_parallel_output=0 has no effect here",
         "has no GET /health (as PaddleNLP's) and reward_task is unset",
     ]

@@ -21,6 +21,7 @@ configure_cpu_runtime()  # MKL's code path and threads for this CPU, before padd
 import paddle
 from paddlenlp.data import DataCollatorForSeq2Seq
 from paddlenlp.trainer import Trainer, TrainingArguments, set_seed
+from paddlenlp.utils.log import logger
 
 from llm.alignment.ppo.models.model_pp import causal_lm_stage
 from paddle_alignment.checkpoints.folders import output_dir_claimed
@@ -58,6 +59,21 @@ class FinetuneDataArgument:
 ARGUMENT_CLASSES = (FinetuneModelArgument, FinetuneDataArgument, TrainingArguments)
 
 
+def fit_pipeline_evaluation(training_args, eval_dataset):
+    """paddlenlp's pipeline evaluates batches of whole pipeline steps (per_device_train_batch_size x
+    gradient_accumulation_steps rows): the eval batch is set to that, and a dev set it does not divide needs
+    dataloader_drop_last (PaddleNLP's advice under pipeline parallel), which leaves the remainder out."""
+    rows = training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps
+    if training_args.per_device_eval_batch_size != rows:
+        logger.info(f"per_device_eval_batch_size={training_args.per_device_eval_batch_size} -> {rows}: the pipeline evaluates whole steps")
+        training_args.per_device_eval_batch_size = rows
+    if eval_dataset is not None and len(eval_dataset) % rows and not training_args.dataloader_drop_last:
+        raise ValueError(
+            f"dev.json's {len(eval_dataset)} rows do not divide into pipeline steps of {rows} (per_device_train_batch_size x "
+            "gradient_accumulation_steps): set dataloader_drop_last true to leave the remainder out, or change the dev set"
+        )
+
+
 def main(argv):
     model_args, data_args, training_args = parse_arguments(argv, ARGUMENT_CLASSES)
     paddle.set_device(training_args.device)
@@ -76,6 +92,8 @@ def main(argv):
             path, tokenizer, data_args.max_length, seed=training_args.seed, prompt_key=data_args.prompt_key, label_key=data_args.label_key
         )
 
+    if training_args.pipeline_parallel_degree > 1:
+        fit_pipeline_evaluation(training_args, dataset("dev"))
     trainer = FinetuneTrainer(
         model=model,
         args=training_args,

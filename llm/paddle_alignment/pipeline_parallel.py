@@ -47,6 +47,13 @@ def bridge_to_gloo():
     if getattr(dist.ParallelEnv(), "_device_id", None) is None:
         dist.ParallelEnv._device_id = 0  # the CPU "device"; PipelineLayer only records it
     p2p_communication.batch_send_recv_on_calc_stream = gloo_send_recv
+    p2p_communication.allgather_partial = already_whole
+
+
+def already_whole(tensor, nranks=1, rank_id=0, group=None, use_calc_stream=True):
+    """fleet's gather of a tensor-parallel rank's share of a received activation: gloo_send_recv sends each
+    tensor whole (gloo has no partial send), so nothing is left to gather."""
+    return tensor
 
 
 def gloo_send_recv(p2p_ops):

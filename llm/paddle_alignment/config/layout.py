@@ -178,11 +178,13 @@ def check_launch_layout(args, pipeline_parallel=False):
 
 
 def refuse_pipeline_parallel(args):
-    """Stop an entry point that does not run pipeline-parallel models (all but run_ppo.py) under one."""
+    """Stop an entry point that does not run pipeline-parallel models (all but run_ppo.py and run_finetune.py)
+    under one."""
     if args.pipeline_parallel_degree > 1:
         raise ValueError(
             f"pipeline_parallel_degree={args.pipeline_parallel_degree}: this entry point does not run pipeline-"
-            "parallel models yet (run_ppo.py does); split large models with tensor_parallel_degree and sharding"
+            "parallel models yet (run_ppo.py and run_finetune.py do); split large models with tensor_parallel_degree "
+            "and sharding"
         )
 
 
@@ -202,10 +204,7 @@ def check_pipeline_layout(args):
             "optimizer itself, each micro-batch's loss already its share of the step"
         )
     kept = [option for option in options if option in PIPELINE_OPTIONS_KEPT]
-    # Under tensor parallel fleet sends each rank's share of an activation and gathers it over the tensor-parallel
-    # group on the calc stream, which gloo lacks: on CPU each rank sends it whole.
-    needed = ["disable_p2p_cache_shape"] + ([] if runs_on_accelerator(args) else ["disable_partial_send_recv"])
-    args.pipeline_parallel_config = " ".join(kept + [option for option in needed if option not in kept])
+    args.pipeline_parallel_config = " ".join(kept + ([] if "disable_p2p_cache_shape" in kept else ["disable_p2p_cache_shape"]))
 
 
 # paddlenlp's pipeline_parallel_config options that leave the RL update's schedule and step as they are.

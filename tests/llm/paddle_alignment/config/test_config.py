@@ -248,7 +248,7 @@ def test_every_shipped_config_parses(path):
 
 def pipeline_layout(**changes):
     return SimpleNamespace(**{"pipeline_parallel_degree": 2, "tensor_parallel_degree": -1, "sharding": "",
-                              "pipeline_parallel_config": "", "device": "cpu", **changes})
+                              "pipeline_parallel_config": "", **changes})
 
 
 def test_pipeline_parallel_refuses_sharding_which_its_stages_do_not_run_yet():
@@ -287,14 +287,6 @@ def test_paddlenlps_empty_eval_mode_is_single_and_a_rollout_degree_the_layout_do
         check_rollout_layout(SimpleNamespace(pipeline_parallel_degree=2, tensor_parallel_degree=1, eval_mode="sharded", rollout_tensor_parallel_degree=-1))
 
 
-def test_pipeline_stages_send_whole_activations_on_cpu():
-    """Under tensor parallel fleet sends each rank's share of an activation and gathers it on the calc stream,
-    which gloo lacks."""
-    args = pipeline_layout(tensor_parallel_degree=2)
-    check_pipeline_layout(args)
-    assert args.pipeline_parallel_config == "disable_p2p_cache_shape disable_partial_send_recv"
-
-
 def test_pipeline_stages_exchange_each_micro_batchs_shapes_and_drop_options_the_rl_update_does_not_run():
     """RL micro-batches change width from step to step, so fleet must not cache the first one's shapes; loss
     scaling and communication-overlap options assume fleet steps the optimizer, which the RL update does itself."""
@@ -318,6 +310,6 @@ def test_pipeline_parallel_refuses_lora_and_the_ptx_loss_naming_the_keys(model, 
 
 
 def test_entry_points_without_pipeline_parallel_refuse_it_naming_the_one_that_has_it():
-    with pytest.raises(ValueError, match=r"pipeline_parallel_degree=4: this entry point does not run pipeline-parallel models yet \(run_ppo.py does\)"):
+    with pytest.raises(ValueError, match=r"pipeline_parallel_degree=4: this entry point does not run pipeline-parallel models yet \(run_ppo.py and run_finetune.py do\)"):
         refuse_pipeline_parallel(SimpleNamespace(pipeline_parallel_degree=4))
     refuse_pipeline_parallel(SimpleNamespace(pipeline_parallel_degree=1))

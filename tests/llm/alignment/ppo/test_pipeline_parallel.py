@@ -42,20 +42,30 @@ def assert_step_equals(one, other, algorithm, data_parallel=False):
     np.testing.assert_allclose([other["weights"][n] for n in names], [one["weights"][n] for n in names], rtol=1e-6, atol=atol)
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
-def test_pipeline_parallel_step_equals_one_process(tiny_world, tmp_path, one_process_first_step, algorithm):
+@pytest.mark.parametrize("algorithm, eval_mode", [("grpo", "single"), ("ppo", "tensor_parallel")])
+def test_pipeline_parallel_step_equals_one_process(tiny_world, tmp_path, one_process_first_step, algorithm, eval_mode):
     """The first step on fixed rollouts (tests/probes/grpo_first_step.py): both stages hold the whole batch, the
-    first stage the embedding and layer 0, the last layer 1, the norm and the (tied) head or the score head."""
+    first stage the embedding and layer 0, the last layer 1, the norm and the (tied) head or the score head.
+    The models that roll out and score are whole on each rank (eval_mode single), or split over both stages'
+    ranks by the tensor-parallel plan (eval_mode tensor_parallel), each rank holding half of each split weight;
+    the whole actor, gathered after the weight move, is one process's."""
     one = one_process_first_step(algorithm)
-    two = first_step(tiny_world, tmp_path, "two", processes=2, data_ranks=1, rl_algorithm=algorithm, pipeline_parallel_degree=2)
+    two = first_step(tiny_world, tmp_path, "two", processes=2, data_ranks=1, rl_algorithm=algorithm, pipeline_parallel_degree=2,
+                     eval_mode=eval_mode)
     assert_step_equals(one, two, algorithm)
     ranks = [json.loads((tmp_path / f"two.json.rank{rank}").read_text()) for rank in (0, 1)]
     whole = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
+    whole_elements = sum(p.size for p in whole.parameters())
     # Each stage trains (and keeps optimizer states for) its own part; the tied embedding sits on both.
     embedding = whole.qwen2.embed_tokens.weight.size
     stage_elements = [rank["parameter_elements"] for rank in ranks]
-    assert sum(stage_elements) == sum(p.size for p in whole.parameters()) + embedding
-    assert all(elements < sum(p.size for p in whole.parameters()) for elements in stage_elements)
+    assert sum(stage_elements) == whole_elements + embedding
+    assert all(elements < whole_elements for elements in stage_elements)
+    rollout_elements = [rank["rollout_parameter_elements"] for rank in ranks]
+    if eval_mode == "single":
+        assert rollout_elements == [whole_elements] * 2
+    else:  # norms whole, and the tied embedding unsplit by the plan
+        assert all(elements < 0.6 * whole_elements for elements in rollout_elements)
 
 
 def test_pipeline_by_data_parallel_step_equals_one_process(tiny_world, tmp_path, one_process_first_step):
@@ -81,20 +91,6 @@ def test_pipeline_by_tensor_parallel_step_equals_one_process(tiny_world, tmp_pat
     whole = AutoModelForCausalLM.from_pretrained(tiny_world["model"])
     # Each rank trains a block of its stage: a quarter of the weights, more for what each stage keeps whole.
     assert all(rank["parameter_elements"] < sum(p.size for p in whole.parameters()) / 2 for rank in ranks)
-
-
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
-def test_a_rollout_split_over_the_stages_steps_as_one_process(tiny_world, tmp_path, one_process_first_step, algorithm):
-    """eval_mode tensor_parallel at PP2: the actor, critic and reference that roll out and score split over both
-    stages' ranks by the tensor-parallel plan, each rank holding half of them; the step, and the whole actor
-    gathered after the weight move, are one process's."""
-    one = one_process_first_step(algorithm)
-    two = first_step(tiny_world, tmp_path, "two", processes=2, data_ranks=1, rl_algorithm=algorithm,
-                     pipeline_parallel_degree=2, eval_mode="tensor_parallel")
-    assert_step_equals(one, two, algorithm)
-    whole = sum(p.size for p in AutoModelForCausalLM.from_pretrained(tiny_world["model"]).parameters())
-    for rank in (0, 1):  # half of each split weight; norms whole, and the tied embedding unsplit by the plan
-        assert json.loads((tmp_path / f"two.json.rank{rank}").read_text())["rollout_parameter_elements"] < 0.6 * whole
 
 
 def test_a_rollout_split_over_each_data_ranks_stages_steps_as_one_process(tiny_world, tmp_path, one_process_first_step):

@@ -110,6 +110,7 @@ def stage_weights_from_whole(pipe, whole_state):
 
 
 def split_weight_names(pipe):
+    """{name: axis} of the stage's weights fleet splits (none without tensor parallel)."""
     return SPLIT_AXES.get(pipe, {})
 
 

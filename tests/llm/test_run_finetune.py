@@ -1,6 +1,7 @@
 """run_finetune under pipeline parallel, through paddlenlp's own pipes and pipeline loop: the stages train
 step for step as tensor parallel does on the same batches, the final model and a checkpoint load whole in one
-process, and a PP2 x TP2 run resumed from its checkpoint ends as the uninterrupted run."""
+process, and a run resumed from its checkpoint ends as the uninterrupted run (fleet's tensor-parallel layers
+inside the stages are RL's tests, tests/llm/alignment/ppo/test_pipeline_parallel.py)."""
 
 import os
 import shutil
@@ -36,29 +37,34 @@ def logits_of(folder):
     return model(input_ids=paddle.to_tensor(TOKENS, dtype="int64"), return_dict=True).logits.numpy()
 
 
-def test_fine_tuning_at_pipeline_parallel_equals_tensor_parallel(tiny_world, tmp_path):
+@pytest.fixture(scope="module")
+def pipeline_run(tiny_world, tmp_path_factory):
+    """A PP2 fine-tuning run of 4 steps with a checkpoint at step 2: (its folder, its losses)."""
+    root = tmp_path_factory.mktemp("finetune_pipeline")
+    losses = finetune(tiny_world, root, "pipeline", processes=2, pipeline_parallel_degree=2, save_strategy="steps", save_steps=2)
+    return root / "pipeline", losses
+
+
+def test_fine_tuning_at_pipeline_parallel_equals_tensor_parallel(tiny_world, tmp_path, pipeline_run):
     """PP2 against TP2 (which equals one process), both over 2 processes and so on the same batches (paddlenlp
     shuffles one process's data otherwise): the same losses step by step, and the same saved model."""
+    folder, pipeline = pipeline_run
     tensor = finetune(tiny_world, tmp_path, "tensor", processes=2, tensor_parallel_degree=2)
-    pipeline = finetune(tiny_world, tmp_path, "pipeline", processes=2, pipeline_parallel_degree=2)
     assert len(tensor) == 4 and tensor[0] > tensor[-1]
     np.testing.assert_allclose(pipeline, tensor, rtol=1e-5)
-    assert sorted(n for n in os.listdir(tmp_path / "pipeline") if n.endswith(".safetensors")) == [
+    assert sorted(n for n in os.listdir(folder) if n.endswith(".safetensors")) == [
         "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
     ]
-    np.testing.assert_allclose(logits_of(tmp_path / "pipeline"), logits_of(tmp_path / "tensor"), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(logits_of(folder), logits_of(tmp_path / "tensor"), rtol=1e-4, atol=1e-4)
 
 
-def test_fine_tuning_at_pipeline_by_tensor_parallel_resumes_from_its_checkpoint_exactly(tiny_world, tmp_path):
-    straight = finetune(tiny_world, tmp_path, "straight", processes=4, pipeline_parallel_degree=2, tensor_parallel_degree=2,
-                        save_strategy="steps", save_steps=2)
-    checkpoint = tmp_path / "straight" / "checkpoint-2"
-    assert sorted(n for n in os.listdir(checkpoint) if n.endswith(".pdopt")) == [
-        "optimizer.tp00_pp00.pdopt", "optimizer.tp00_pp01.pdopt", "optimizer.tp01_pp00.pdopt", "optimizer.tp01_pp01.pdopt",
-    ]
+def test_fine_tuning_at_pipeline_parallel_resumes_from_its_checkpoint_exactly(tiny_world, tmp_path, pipeline_run):
+    folder, straight = pipeline_run
+    checkpoint = folder / "checkpoint-2"
+    assert sorted(n for n in os.listdir(checkpoint) if n.endswith(".pdopt")) == ["optimizer.pp00.pdopt", "optimizer.pp01.pdopt"]
     logits_of(checkpoint)  # loads whole in one process
     shutil.copytree(checkpoint, tmp_path / "resumed" / "checkpoint-2")
-    resumed = finetune(tiny_world, tmp_path, "resumed", processes=4, pipeline_parallel_degree=2, tensor_parallel_degree=2,
+    resumed = finetune(tiny_world, tmp_path, "resumed", processes=2, pipeline_parallel_degree=2,
                        save_strategy="steps", save_steps=2, resume_from_checkpoint=tmp_path / "resumed" / "checkpoint-2")
     assert resumed == straight[2:]
-    np.testing.assert_array_equal(logits_of(tmp_path / "resumed"), logits_of(tmp_path / "straight"))
+    np.testing.assert_array_equal(logits_of(tmp_path / "resumed"), logits_of(folder))

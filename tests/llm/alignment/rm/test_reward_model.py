@@ -15,7 +15,7 @@ from paddle_alignment.models.loading import frozen, load_score_model
 from paddle_alignment.models.score_model import AutoModelForScore
 from paddle_alignment.rewards.scoring import RewardModelScorer
 
-CPU_FLOAT32 = type("Args", (), {"fp16_opt_level": "O1", "bf16": False, "fp16": False, "tensor_parallel_degree": -1, "device": "cpu"})()
+CPU_FLOAT32 = type("Args", (), {"fp16_opt_level": "O1", "bf16": False, "fp16": False, "tensor_parallel_degree": -1, "pipeline_parallel_degree": -1, "device": "cpu"})()
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_token_wise_loss_with_score_normalisation_trains(tiny_world, tmp_path):
         ({"normalizer_type": "median"}, "normalizer_type='median'"),
         ({"normalize_score_during_training": True, "normalizer_type": "identity"}, "needs a normalizer_type"),
         ({"regularization": -1}, "regularization must be >= 0"),
-        ({"pipeline_parallel_degree": 2}, "pipeline_parallel_degree=2: this entry point does not run pipeline-parallel models yet \\(run_ppo.py does\\)"),
+        ({"pipeline_parallel_degree": 2}, "pipeline_parallel_degree=2: this entry point does not run pipeline-parallel models yet \\(run_ppo.py and run_finetune.py do\\)"),
         ({"tensor_parallel_degree": 2}, "tensor_parallel_degree=2 = 2 ranks per data-parallel replica does not divide the 1"),
     ],
 )

@@ -216,7 +216,7 @@ def test_load_score_model_reads_either_layout(tmp_path):
     # The loader every stage uses: run_reward, the reward model and critic of run_ppo.
     model = tiny_model()
     folder = hf_folder(model, tmp_path / "hf")
-    args = type("Args", (), {"fp16_opt_level": "O1", "bf16": False, "fp16": False, "tensor_parallel_degree": -1, "device": "cpu"})()
+    args = type("Args", (), {"fp16_opt_level": "O1", "bf16": False, "fp16": False, "tensor_parallel_degree": -1, "pipeline_parallel_degree": -1, "device": "cpu"})()
     score = load_score_model(folder, args)
     np.testing.assert_array_equal(score.qwen2.norm.weight.numpy(), model.qwen2.norm.weight.numpy())
     assert score.qwen2.norm.weight.dtype == paddle.float32

@@ -68,5 +68,5 @@ def test_a_paddle_folder_without_every_weight_stops_at_load_naming_them(tiny_wor
     with pytest.raises(ValueError, match=r"has no tensor for \['qwen2.layers.2."):
         pretrained_causal_lm(str(folder))
     # A causal LM's folder gives a score model its backbone; only the head and normalizer start fresh.
-    score = load_score_model(tiny_world["random_model"], SimpleNamespace(fp16_opt_level="O1", bf16=False, fp16=False, tensor_parallel_degree=1, device="cpu"), score_type="reward")
+    score = load_score_model(tiny_world["random_model"], SimpleNamespace(fp16_opt_level="O1", bf16=False, fp16=False, tensor_parallel_degree=1, pipeline_parallel_degree=1, device="cpu"), score_type="reward")
     assert type(score).__name__ == "Qwen2ForScore"

@@ -92,13 +92,14 @@ def main(argv):
             path, tokenizer, data_args.max_length, seed=training_args.seed, prompt_key=data_args.prompt_key, label_key=data_args.label_key
         )
 
+    eval_dataset = dataset("dev")
     if training_args.pipeline_parallel_degree > 1:
-        fit_pipeline_evaluation(training_args, dataset("dev"))
+        fit_pipeline_evaluation(training_args, eval_dataset)
     trainer = FinetuneTrainer(
         model=model,
         args=training_args,
         train_dataset=dataset("train"),
-        eval_dataset=dataset("dev"),
+        eval_dataset=eval_dataset,
         tokenizer=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=IGNORE_INDEX),
     )

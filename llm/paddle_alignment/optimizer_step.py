@@ -60,11 +60,11 @@ def hybrid_parallel_step(optimizer):
     if hcg.get_pipe_parallel_world_size() > 1:
         groups.append(hcg.get_pipe_parallel_group())
     # fleet's tensor-parallel blocks (is_distributed) sum over the group; a weight each of its ranks holds whole counts once.
-    blocks = [parameter for parameter in counted if getattr(parameter, "is_distributed", False)]
-    square = paddle.to_tensor(gradient_norm(blocks) ** 2, dtype="float64")
+    is_block = [getattr(parameter, "is_distributed", False) for parameter in counted]
+    square = paddle.to_tensor(gradient_norm([p for p, block in zip(counted, is_block) if block]) ** 2, dtype="float64")
     if hcg.get_model_parallel_world_size() > 1:
         dist.all_reduce(square, group=hcg.get_model_parallel_group())
-    square += gradient_norm([parameter for parameter in counted if not getattr(parameter, "is_distributed", False)]) ** 2
+    square += gradient_norm([p for p, block in zip(counted, is_block) if not block]) ** 2
     for group in groups:
         dist.all_reduce(square, group=group)
     optimizer._step(parameters)

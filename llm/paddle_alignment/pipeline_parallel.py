@@ -20,6 +20,7 @@ import json
 import os
 import random
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 import paddle
@@ -95,6 +96,9 @@ def pipe_from_whole(pipe_class, whole, *args, **kwargs):
     if missing:
         raise ValueError(f"{type(whole).__name__} has no weights for the pipeline stage's {sorted(missing)[:5]}")
     pipe.set_state_dict(stage_weights_from_whole(pipe, whole.state_dict()))
+    state, held = whole.state_dict(), pipe.state_dict()
+    outside = {name: buffer for name, buffer in whole.named_buffers() if name in state and name not in held}
+    WHOLE_MODELS[pipe] = WholeModel(type(whole).__name__, outside)
     mark_shared_weight_copies(pipe)
     hold_stage_parameters(whole, pipe)
     return pipe
@@ -142,6 +146,19 @@ def mark_shared_weight_copies(pipe):
         for attribute in comm["weight_attr"]:
             getattr(comm["layer"], attribute).is_firstly_shared = dist.get_rank() == min(comm["ranks"])
 
+
+@dataclass
+class WholeModel:
+    """What save_stages writes of the whole model a pipe was cut from, besides the stages' weights: its class
+    (config.json's architectures, which paddlenlp's VisualDL callback sets to the pipe's) and its saved buffers
+    that no stage holds (a score model's normalizer statistics), so that the folder loads whole with nothing
+    missing."""
+
+    architecture: str
+    buffers_outside_stages: dict
+
+
+WHOLE_MODELS = weakref.WeakKeyDictionary()  # pipe -> WholeModel, beside the pipe
 
 # What each stage holds, gathered once per pipe: {pipe: {what: [each stage's]}}, kept beside the pipe (an
 # attribute set on paddlenlp's pipe was not kept).
@@ -300,8 +317,8 @@ def is_pipeline_stage(model):
 
 def save_stages(pipe, folder, tokenizer):
     """The model whose stages the pipeline group holds, written to `folder` as one from_pretrained-loadable
-    model in any layout: each stage's weights by its first data rank into a safetensors shard of its own,
-    the shards' index, config and tokenizer by rank 0 (paddlenlp's sharded-checkpoint layout). Every rank
+    model in any layout: each stage's weights by its first data rank into a safetensors shard of its own (the
+    last stage's with the buffers no stage holds), the shards' index, config and tokenizer by rank 0 (paddlenlp's sharded-checkpoint layout). Every rank
     calls it."""
     hcg = hybrid_communicate_group()
     stages, stage = hcg.get_pipe_parallel_world_size(), hcg.get_stage_id()
@@ -311,8 +328,14 @@ def save_stages(pipe, folder, tokenizer):
     for index, held in enumerate(names):
         for name in sorted(set(held) - set(weight_map)):
             weight_map[name], total_size = files[index], total_size + held[name]
+    whole = WHOLE_MODELS[pipe]
+    outside = whole.buffers_outside_stages
+    for name, buffer in outside.items():  # written with the last stage's weights
+        weight_map[name], total_size = files[-1], total_size + int(np.prod(buffer.shape)) * buffer.element_size()
     os.makedirs(folder, exist_ok=True)
     own = whole_stage_weights(pipe, sorted(name for name in pipe.state_dict() if weight_map[name] == files[stage]))
+    if stage == stages - 1:
+        own |= outside
     if hcg.get_data_parallel_rank() == 0 and hcg.get_sharding_parallel_rank() == 0 and hcg.get_model_parallel_rank() == 0:
         own = {name: tensor.cpu().numpy() for name, tensor in own.items()}
         safetensors.numpy.save_file(own, os.path.join(folder, files[stage]), metadata={"format": "np"})
@@ -322,24 +345,29 @@ def save_stages(pipe, folder, tokenizer):
             json.dump(index, f, indent=2)
         config = copy.deepcopy(pipe.config)  # the model's, not a tensor-parallel stage's (stage_config)
         config.tensor_parallel_degree, config.tensor_parallel_rank = 1, 0
+        config.architectures = [whole.architecture]
         config.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
 
 
 @paddle.no_grad()
 def load_stages(pipe, folder):
-    """`pipe`'s weights from the safetensors of `folder` (save_stages' or save_model's, paddlenlp's names): each
-    rank reads only its stage's tensors, and cuts its tensor-parallel blocks from them."""
+    """`pipe`'s weights from the safetensors of `folder` (save_stages' or save_model's, paddlenlp's names), and
+    the whole model's buffers no stage holds (WholeModel): each rank reads only its stage's tensors, and cuts
+    its tensor-parallel blocks from them."""
     found = safetensors_files(folder)
     if not found or found[1]:
         raise ValueError(f"{folder} holds no safetensors in paddlenlp's layout to resume the pipeline stage from")
-    wanted, read = set(pipe.state_dict()), {}
+    outside = WHOLE_MODELS[pipe].buffers_outside_stages
+    wanted, read = set(pipe.state_dict()) | set(outside), {}
     for path in found[0]:
         with safe_open(path, framework="np") as f:
             read |= {name: paddle.to_tensor(f.get_tensor(name)) for name in f.keys() if name in wanted}
     missing = wanted - set(read)
     if missing:
         raise ValueError(f"{folder} lacks the pipeline stage's {sorted(missing)[:5]}")
+    for name, buffer in outside.items():
+        paddle.assign(read.pop(name), output=buffer)
     pipe.set_state_dict(stage_weights_from_whole(pipe, read))
 
 

@@ -25,12 +25,14 @@ from paddlenlp.trainer import TrainingArguments, set_seed
 from paddle_alignment.algos import PAIRWISE_LOSSES
 from paddle_alignment.config.arguments import parse_arguments
 from paddle_alignment.config.layout import ModelKernelArguments, check_launch_layout, runs_on_accelerator
-from llm.alignment.rm.reward_trainer import RewardTrainer
+from llm.alignment.ppo.models.model_pp import reward_model_stage
+from llm.alignment.rm.reward_trainer import RewardTrainer, pair_objective
 from paddle_alignment.checkpoints.folders import output_dir_claimed
 from paddle_alignment.data import PreferenceCollator, PreferenceDataset
 from paddle_alignment.distributed import finish_distributed_run
 from paddle_alignment.models.loading import load_score_model, load_tokenizer
 from paddle_alignment.models.score_model_utils import NORMALIZERS
+from paddle_alignment.pipeline_parallel import seed_stages_alike
 
 
 @dataclass
@@ -60,7 +62,7 @@ class RewardTrainingArguments(ModelKernelArguments, TrainingArguments):
     normalizer_momentum: float = field(default=0.9, metadata={"help": "Momentum of ExponentialMovingAverage."})
 
     def __post_init__(self):
-        check_launch_layout(self)
+        check_launch_layout(self, pipeline_parallel=True)
         self.switch_off_gpu_kernels(runs_on_accelerator(self))
         super().__post_init__()
         if self.loss_type not in PAIRWISE_LOSSES.names():
@@ -82,6 +84,7 @@ def build_trainer(argv):
     model_args, data_args, training_args = parse_arguments(argv, ARGUMENT_CLASSES)
     paddle.set_device(training_args.device)
     set_seed(training_args.seed)
+    seed_stages_alike(training_args.seed)  # every stage draws the same batches
     tokenizer = load_tokenizer(model_args.model_name_or_path)
     model = load_score_model(
         model_args.model_name_or_path,
@@ -91,6 +94,8 @@ def build_trainer(argv):
         normalizer_type=training_args.normalizer_type,
         normalizer_momentum=training_args.normalizer_momentum,
     )
+    if training_args.pipeline_parallel_degree > 1:  # trained by paddlenlp's pipeline loop
+        model = reward_model_stage(model, pair_objective(training_args))
 
     def pairs(datasets):
         return PreferenceDataset(

@@ -43,3 +43,15 @@ def token_wise_loss(better_scores, worse_scores, better_ids, worse_ids, better_m
         squares = ((better_scores.square() + worse_scores.square()) / 2 * window).sum(axis=-1) / count
         loss = loss + regularization * squares.mean()
     return loss
+
+
+def scored_pairs(pairwise_loss, scores, input_ids, attention_mask, regularization=0.0):
+    """The pairwise loss of a collated batch of N pairs (the N better sequences, then the N worse: [2N, L]
+    `scores`, ids and mask), and the better and worse end scores [N]: what a score model's forward and a
+    score pipe's last stage both compute from their scores."""
+    n = scores.shape[0] // 2
+    loss = pairwise_loss(
+        scores[:n], scores[n:], input_ids[:n], input_ids[n:], attention_mask[:n], attention_mask[n:], regularization=regularization
+    )
+    ends = end_scores(scores, attention_mask)
+    return loss, ends[:n], ends[n:]

@@ -169,7 +169,8 @@ def slices_weights(args):
 
 def check_launch_layout(args, pipeline_parallel=False):
     """`check_parallel_degrees` for this launch (its process count, whether it runs on an accelerator), after
-    refusing pipeline parallel where the entry point does not run it (`pipeline_parallel`: RL does)."""
+    refusing pipeline parallel where the entry point does not run it (`pipeline_parallel`: RL and reward-model
+    training do)."""
     if not pipeline_parallel:
         refuse_pipeline_parallel(args)
     check_parallel_degrees(args, paddle.distributed.get_world_size(), runs_on_accelerator(args))
@@ -178,20 +179,19 @@ def check_launch_layout(args, pipeline_parallel=False):
 
 
 def refuse_pipeline_parallel(args):
-    """Stop an entry point that does not run pipeline-parallel models (all but run_ppo.py and run_finetune.py)
-    under one."""
+    """Stop an entry point that does not run pipeline-parallel models (run_dpo.py and run_kto.py) under one."""
     if args.pipeline_parallel_degree > 1:
         raise ValueError(
             f"pipeline_parallel_degree={args.pipeline_parallel_degree}: this entry point does not run pipeline-"
-            "parallel models yet (run_ppo.py and run_finetune.py do); split large models with tensor_parallel_degree "
-            "and sharding"
+            "parallel models yet (run_ppo.py, run_finetune.py and run_reward.py do); split large models with "
+            "tensor_parallel_degree and sharding"
         )
 
 
 def check_pipeline_layout(args):
-    """What RL training under pipeline parallel composes with: tensor parallel inside the stages (fleet's split
-    layers) and data parallel; micro-batches whose widths change from step to step (rollouts of varying
-    lengths), so the stages exchange each micro-batch's shapes."""
+    """What training under pipeline parallel composes with: tensor parallel inside the stages (fleet's split
+    layers) and data parallel; micro-batches whose widths change from step to step (rollouts and batches of
+    varying lengths), so the stages exchange each micro-batch's shapes."""
     if sharding_stages(args.sharding):
         raise ValueError(
             f"pipeline_parallel_degree={args.pipeline_parallel_degree} with sharding={args.sharding}: pipeline stages "
@@ -200,14 +200,14 @@ def check_pipeline_layout(args):
     options = str(args.pipeline_parallel_config or "").split()
     for option in sorted(set(options) - PIPELINE_OPTIONS_KEPT):
         logger.info(
-            f"pipeline_parallel_config {option} has no effect: the RL update runs fleet's 1F1B schedule and steps the "
-            "optimizer itself, each micro-batch's loss already its share of the step"
+            f"pipeline_parallel_config {option} has no effect: the stages train with fleet's 1F1B schedule, each "
+            "micro-batch's loss already its share of the step"
         )
     kept = [option for option in options if option in PIPELINE_OPTIONS_KEPT]
     args.pipeline_parallel_config = " ".join(kept + ([] if "disable_p2p_cache_shape" in kept else ["disable_p2p_cache_shape"]))
 
 
-# paddlenlp's pipeline_parallel_config options that leave the RL update's schedule and step as they are.
+# paddlenlp's pipeline_parallel_config options that leave the training's schedule and step as they are.
 PIPELINE_OPTIONS_KEPT = {"disable_p2p_cache_shape", "disable_partial_send_recv"}
 
 

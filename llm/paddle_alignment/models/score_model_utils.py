@@ -25,12 +25,14 @@ def combine_moments(counts, means, variances):
     return total, mean, var
 
 
-def batch_moments(values):
-    """Count, mean and population variance of `values` [N, D] (float64), over all data ranks when distributed.
+def batch_moments(values, group=None):
+    """Count, mean and population variance of `values` [N, D] (float64), over all data ranks when distributed,
+    or over the ranks of `group`, each holding a batch of its own (a last pipeline stage's data ranks).
 
     Each rank all-gathers its own (count, mean, var) rather than the raw values, so ranks may hold
-    different N; the merge is exact, identical to the statistics of the concatenated values. The ranks of a
-    tensor-parallel group hold the same values (whole on each, from a split model's output): each batch counts once.
+    different N; the merge is exact, identical to the statistics of the concatenated values. Without `group`,
+    the ranks of a tensor-parallel group hold the same values (whole on each, from a split model's output):
+    each batch counts once.
     """
     values = local_value(values).astype("float64")
     count = paddle.full([1], values.shape[0], dtype="float64")
@@ -38,13 +40,14 @@ def batch_moments(values):
         mean, var = values.mean(axis=0), values.var(axis=0, unbiased=False)
     else:
         mean = var = paddle.zeros(values.shape[1:], dtype="float64")
-    if not is_distributed():
+    if not is_distributed() or (group is not None and group.nranks == 1):
         return count.squeeze(), mean, var
     local = paddle.stack([count.expand(mean.shape), mean, var])  # [3, D]
     gathered = []
-    dist.all_gather(gathered, local)
-    stats = paddle.stack(gathered)  # [world, 3, D]
-    return combine_moments(stats[:, 0, 0] / copies_of_each_batch(), stats[:, 1], stats[:, 2])
+    dist.all_gather(gathered, local, group=group)
+    stats = paddle.stack(gathered)  # [ranks, 3, D]
+    copies = copies_of_each_batch() if group is None else 1
+    return combine_moments(stats[:, 0, 0] / copies, stats[:, 1], stats[:, 2])
 
 
 class Normalizer(nn.Layer):
@@ -62,10 +65,11 @@ class Normalizer(nn.Layer):
         self.register_buffer("count", paddle.zeros([1], dtype="float32"), persistable=True)
 
     @paddle.no_grad()
-    def update(self, values):
-        """Fold a batch `values` [N, D] (any leading shape, flattened) into the running statistics."""
+    def update(self, values, group=None):
+        """Fold a batch `values` [N, D] (any leading shape, flattened) into the running statistics: every data
+        rank's batch, or `group`'s (batch_moments)."""
         values = values.detach().reshape([-1, self.mean.shape[-1]])
-        count, mean, var = batch_moments(values)
+        count, mean, var = batch_moments(values, group)
         if float(count) == 0:
             return
         new_mean, new_var = self._merge(count, mean, var)

@@ -1,9 +1,10 @@
-"""Pipeline-parallel policy and value models for RL, on paddlenlp's Qwen2 / Llama causal-LM pipes.
+"""Pipeline-parallel policy, value and reward models, on paddlenlp's Qwen2 / Llama causal-LM pipes.
 
 The policy pipes keep the causal LM's layers and take the RL policy objective as their pipeline loss; the
-value pipes replace the LM head with the critic's score head and take the value objective. Both build
-their loss from an objective given at construction (`PolicyObjective` / `ValueObjective` of
-ppo_model_utils.py), the same objects the plain models train with:
+value and reward pipes replace the LM head with a score head and take the value objective, or the pairwise
+loss of reward-model training (run_reward.py). Each builds its loss from an objective given at construction
+(`PolicyObjective` / `ValueObjective` of ppo_model_utils.py, `scored_pairs` of algos/pairwise.py), the same
+the plain models train with:
 
     Qwen2PolicyPipe.from_pretrained(path, objective=PolicyObjective.from_args(args))
     Qwen2ValuePipe.from_pretrained(path, objective=ValueObjective.from_args(args))
@@ -24,24 +25,28 @@ from paddlenlp.transformers.llama.modeling import LlamaLMHead
 from paddlenlp.transformers.qwen2.modeling import Qwen2LMHead
 
 from llm.alignment.ppo.models.pp_model_utils import (
+    NormalizedPairObjective,
+    PairwisePipeLoss,
     PolicyPipeLoss,
     ScoreHeadPipe,
     TiedLMHead,
     ValuePipeLoss,
+    pair_labels,
     policy_labels,
     split_pipeline_inputs,
     value_labels,
 )
 from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective
 from paddle_alignment.models.score_model import apply_score_config, refuse_sequence_parallel
+from paddle_alignment.distributed import hybrid_communicate_group
 from paddle_alignment.pipeline_parallel import pipe_from_whole
 
 LM_HEAD_PREFIX = "lm_head"
 SCORE_HEAD_PREFIX = "score_head"
 
 
-class RLPipeMixin:
-    """What the policy and value pipes share: the objective their pipeline loss is built from."""
+class ObjectivePipeMixin:
+    """What the policy, value and reward pipes share: the objective their pipeline loss is built from."""
 
     def __init__(self, config, objective):
         # PipelineLayer builds the loss inside the base __init__ (get_loss_fn), so the objective goes first.
@@ -51,11 +56,11 @@ class RLPipeMixin:
     @property
     def pipeline_loss(self):
         """The pipeline's loss layer; on the last stage its `pop_stats()` gives the statistics of the
-        micro-batches it has seen since the last call."""
+        micro-batches it has seen since the last call (policy and value pipes)."""
         return self._loss_fn[0]
 
 
-class PolicyPipeMixin(RLPipeMixin):
+class PolicyPipeMixin(ObjectivePipeMixin):
     """A causal-LM pipe whose pipeline loss is the RL policy objective. `lm_head_class`: the model's LM head."""
 
     lm_head_class = None
@@ -74,24 +79,18 @@ class PolicyPipeMixin(RLPipeMixin):
         super().add_sequential_layer(layer_desc, name_prefix)
 
 
-class ValuePipeMixin(RLPipeMixin):
-    """A causal-LM pipe with the critic's score head in place of the LM head and the value objective as its
-    pipeline loss. Score settings come from the config (a score checkpoint's) or keyword overrides, as for
-    the plain score models; the critic keeps raw values, so `do_normalize` must be off."""
+class ScorePipeMixin(ObjectivePipeMixin):
+    """A causal-LM pipe with a score head in place of the LM head. Score settings come from the config (a score
+    checkpoint's) or keyword overrides, as for the plain score models; the pipe returns raw scores."""
 
     def __init__(self, config, objective, **score_overrides):
         apply_score_config(config, **score_overrides)
-        if config.do_normalize:
-            raise ValueError("a value pipe returns raw values: load it with do_normalize=False")
+        self.check_score_config(config)
         refuse_sequence_parallel(config)
         super().__init__(config, objective)
 
-    @classmethod
-    def _prepare_pipeline_inputs_func(cls, inputs):
-        return split_pipeline_inputs(inputs, value_labels)
-
-    def get_loss_fn(self, config):
-        return ValuePipeLoss(self.objective)
+    def check_score_config(self, config):
+        pass
 
     def add_sequential_layer(self, layer_desc, name_prefix=""):
         if name_prefix == LM_HEAD_PREFIX:
@@ -100,6 +99,34 @@ class ValuePipeMixin(RLPipeMixin):
             # Without an LM head there is nothing to tie the embedding to: an ordinary layer, no shared weight.
             layer_desc = LayerDesc(layer_desc.layer_func, *layer_desc.inputs, **layer_desc.kwargs)
         super().add_sequential_layer(layer_desc, name_prefix)
+
+
+class ValuePipeMixin(ScorePipeMixin):
+    """The critic: a score pipe whose pipeline loss is the value objective, on raw values (`do_normalize` off)."""
+
+    def check_score_config(self, config):
+        if config.do_normalize:
+            raise ValueError("a value pipe returns raw values: load it with do_normalize=False")
+
+    @classmethod
+    def _prepare_pipeline_inputs_func(cls, inputs):
+        return split_pipeline_inputs(inputs, value_labels)
+
+    def get_loss_fn(self, config):
+        return ValuePipeLoss(self.objective)
+
+
+class RewardPipeMixin(ScorePipeMixin):
+    """The reward model in training: a score pipe whose pipeline loss is the pairwise loss of a collated batch
+    of preference pairs (a `NormalizedPairObjective`: the normalizer's statistics and `do_normalize` as the
+    score model's forward keeps them)."""
+
+    @classmethod
+    def _prepare_pipeline_inputs_func(cls, inputs):
+        return split_pipeline_inputs(inputs, pair_labels)
+
+    def get_loss_fn(self, config):
+        return PairwisePipeLoss(self.objective)
 
 
 # A score checkpoint's normalizer statistics have no use in a critic that keeps raw values.
@@ -122,9 +149,18 @@ class LlamaValuePipe(ValuePipeMixin, LlamaForCausalLMPipe):
     _keys_to_ignore_on_load_unexpected = LlamaForCausalLMPipe._keys_to_ignore_on_load_unexpected + CRITIC_IGNORED_KEYS
 
 
+class Qwen2RewardPipe(RewardPipeMixin, Qwen2ForCausalLMPipe):
+    pass
+
+
+class LlamaRewardPipe(RewardPipeMixin, LlamaForCausalLMPipe):
+    pass
+
+
 CAUSAL_LM_PIPES = {"qwen2": Qwen2ForCausalLMPipe, "llama": LlamaForCausalLMPipe}
 POLICY_PIPES = {"qwen2": Qwen2PolicyPipe, "llama": LlamaPolicyPipe}
 VALUE_PIPES = {"qwen2": Qwen2ValuePipe, "llama": LlamaValuePipe}
+REWARD_PIPES = {"qwen2": Qwen2RewardPipe, "llama": LlamaRewardPipe}
 
 
 def pipe_class(pipes, config):
@@ -148,6 +184,16 @@ def causal_lm_stage(model):
     """This rank's pipeline stage of the loaded causal LM `model` for supervised fine-tuning: paddlenlp's own
     pipe, its language-modelling loss, holding the model's weights."""
     return pipe_from_whole(pipe_class(CAUSAL_LM_PIPES, model.config), model)
+
+
+def reward_model_stage(model, pair_objective):
+    """This rank's pipeline stage of the loaded score model `model` for reward-model training: its backbone and
+    score head as a pipe whose loss is `pair_objective` (algos/pairwise.py's `scored_pairs` with the run's loss)
+    on scores normalized as `model` normalizes them, its normalizer's statistics gathered over the last stage's
+    data ranks."""
+    group = hybrid_communicate_group().get_data_parallel_group()
+    objective = NormalizedPairObjective(pair_objective, model.normalizer, model.config.do_normalize, group)
+    return pipe_from_whole(pipe_class(REWARD_PIPES, model.config), model, objective)
 
 
 def pipeline_stages(actor, critic, args):

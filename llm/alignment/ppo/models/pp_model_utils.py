@@ -1,5 +1,6 @@
-"""Pieces shared by the Qwen2 and Llama pipeline-parallel RL models (model_pp.py): the RL batch packed for
-fleet's `PipelineParallel.train_batch`, the loss layers of the last stage, and the critic's score head.
+"""Pieces shared by the Qwen2 and Llama pipeline-parallel models (model_pp.py): the RL batch packed for
+fleet's `PipelineParallel.train_batch`, the loss layers of the last stage (and reward-model training's), and
+the score head of the critic and the reward model.
 
 One optimizer step per group of micro-batches, with `model = fleet.distributed_model(pipe)` and the
 optimizer from `fleet.distributed_optimizer` (fleet's pipeline_configs: accumulate_steps =
@@ -29,6 +30,7 @@ form paddlenlp's Trainer uses), into `[first_stage_inputs, labels]`:
     labels, policy: (response labels, old_logprobs, ref_logprobs, advantages, response_mask, rollout_logprobs,
                      loss_scale)
     labels, value:  (old_values, returns, response_mask, loss_scale)
+    labels, reward-model training: (input_ids, attention_mask) of the collated pairs (`pair_labels`)
 
 with a list of micro-batches each entry becomes a list with one tensor per micro-batch. The first-stage
 tuple follows paddlenlp's pipe layers, (input_ids, attention_mask, attn_mask_startend_row_indices,
@@ -54,7 +56,8 @@ from paddle import nn
 from paddlenlp.utils.log import logger
 
 from paddle_alignment.algos.losses import LossScale
-from paddle_alignment.algos.token_stats import position_ids_from_mask
+from paddle_alignment.algos.token_stats import end_positions, position_ids_from_mask
+from paddle_alignment.models.score_model_utils import IdentityNormalizer
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask")  # [b, P+R]; every other key of a micro-batch is [b, R]
 
@@ -198,6 +201,11 @@ def value_labels(batch):
     return (batch["old_values"], batch["returns"], batch["response_mask"], absent_as_empty(batch.get("loss_scale"), batch_size))
 
 
+def pair_labels(batch):
+    """(input_ids, attention_mask) of a collated batch of preference pairs (PreferenceCollator's)."""
+    return (batch["input_ids"], batch["attention_mask"])
+
+
 def split_pipeline_inputs(inputs, labels_of):
     """`[first_stage_inputs, labels]` for `train_batch` from one micro-batch dict (tuples of tensors) or a
     list of them (tuples of lists, one tensor per micro-batch); `labels_of` is `policy_labels` or
@@ -270,6 +278,45 @@ class ValuePipeLoss(StatsKeepingLoss):
         loss, stats = self.objective(scores[:, -response_len - 1 : -1, 0], old_values, returns, response_mask, scale)
         self.record(stats)
         return loss * accumulate_steps
+
+
+class PairwisePipeLoss(nn.Layer):
+    """Reward-model training's loss (`objective`: a `NormalizedPairObjective`) on the scores [2N, L, 1] of a
+    collated batch of N pairs; fleet divides it by the accumulation steps, as paddlenlp's Trainer does the
+    plain model's. It runs in training only: evaluation takes the pipeline's scores (`objective.evaluated`)."""
+
+    def __init__(self, objective):
+        super().__init__()
+        self.objective = objective
+
+    def forward(self, scores, labels):
+        input_ids, attention_mask = labels
+        loss, _, _ = self.objective(scores, input_ids, attention_mask)
+        return loss
+
+
+class NormalizedPairObjective:
+    """The pairwise objective (`pair_objective`: algos/pairwise.py's `scored_pairs` with the run's loss) of a
+    reward pipe's last stage, with the score model's `normalizer` as its forward uses it: in training the
+    statistics take each batch's end scores (over `group`, the last stage's data ranks), and with
+    `do_normalize` the loss sees normalized scores. The normalizer is the whole model's, whose saved buffers
+    the pipeline's checkpoints carry (pipeline_parallel.save_stages)."""
+
+    def __init__(self, pair_objective, normalizer, do_normalize, group):
+        self.pair_objective, self.normalizer, self.do_normalize, self.group = pair_objective, normalizer, do_normalize, group
+
+    def __call__(self, scores, input_ids, attention_mask):
+        """Training: (loss, better end scores, worse end scores) of scores [2N, L, D]."""
+        if not isinstance(self.normalizer, IdentityNormalizer):
+            ends = scores[paddle.arange(scores.shape[0]), end_positions(attention_mask)]
+            self.normalizer.update(ends.detach(), self.group)
+        return self.evaluated(scores, input_ids, attention_mask)
+
+    def evaluated(self, scores, input_ids, attention_mask):
+        """(loss, better end scores, worse end scores) with the statistics as they are."""
+        if self.do_normalize:
+            scores = self.normalizer.normalize(scores)
+        return self.pair_objective(scores[..., 0], input_ids, attention_mask)
 
 
 class ScoreHeadPipe(nn.Linear):

@@ -310,6 +310,6 @@ def test_pipeline_parallel_refuses_lora_and_the_ptx_loss_naming_the_keys(model, 
 
 
 def test_entry_points_without_pipeline_parallel_refuse_it_naming_the_one_that_has_it():
-    with pytest.raises(ValueError, match=r"pipeline_parallel_degree=4: this entry point does not run pipeline-parallel models yet \(run_ppo.py and run_finetune.py do\)"):
+    with pytest.raises(ValueError, match=r"pipeline_parallel_degree=4: this entry point does not run pipeline-parallel models yet \(run_ppo.py, run_finetune.py and run_reward.py do\)"):
         refuse_pipeline_parallel(SimpleNamespace(pipeline_parallel_degree=4))
     refuse_pipeline_parallel(SimpleNamespace(pipeline_parallel_degree=1))

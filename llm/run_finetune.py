@@ -26,11 +26,12 @@ from paddlenlp.utils.log import logger
 from llm.alignment.ppo.models.model_pp import causal_lm_stage
 from paddle_alignment.checkpoints.folders import output_dir_claimed
 from paddle_alignment.config.arguments import parse_arguments
+from paddle_alignment.config.layout import check_launch_layout
 from paddle_alignment.data import IGNORE_INDEX, SupervisedDataset
 from paddle_alignment.distributed import finish_distributed_run
 from paddle_alignment.fused_optimizer import FusedOptimizerMixin
 from paddle_alignment.models.loading import load_causal_lm, load_tokenizer
-from paddle_alignment.pipeline_parallel import seed_stages_alike
+from paddle_alignment.pipeline_parallel import check_whole_micro_batches, seed_stages_alike
 from paddle_alignment.split_training import AverageSplitGradients, SplitModelMixin
 
 
@@ -56,7 +57,18 @@ class FinetuneDataArgument:
     label_key: str = field(default="tgt", metadata={"help": "Column holding the target."})
 
 
-ARGUMENT_CLASSES = (FinetuneModelArgument, FinetuneDataArgument, TrainingArguments)
+@dataclass
+class FinetuneTrainingArguments(TrainingArguments):
+    """paddlenlp's TrainingArguments, the parallel layout checked against the launch first (config/layout.py:
+    under pipeline parallel the stages exchange each micro-batch's shape, since batches are padded to their
+    own longest row)."""
+
+    def __post_init__(self):
+        check_launch_layout(self, pipeline_parallel=True)
+        super().__post_init__()
+
+
+ARGUMENT_CLASSES = (FinetuneModelArgument, FinetuneDataArgument, FinetuneTrainingArguments)
 
 
 def fit_pipeline_evaluation(training_args, eval_dataset):
@@ -92,13 +104,14 @@ def main(argv):
             path, tokenizer, data_args.max_length, seed=training_args.seed, prompt_key=data_args.prompt_key, label_key=data_args.label_key
         )
 
-    eval_dataset = dataset("dev")
+    train_dataset, eval_dataset = dataset("train"), dataset("dev")
+    check_whole_micro_batches(training_args, len(train_dataset))
     if training_args.pipeline_parallel_degree > 1:
         fit_pipeline_evaluation(training_args, eval_dataset)
     trainer = FinetuneTrainer(
         model=model,
         args=training_args,
-        train_dataset=dataset("train"),
+        train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         tokenizer=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=IGNORE_INDEX),

@@ -371,6 +371,23 @@ def load_stages(pipe, folder):
     pipe.set_state_dict(stage_weights_from_whole(pipe, read))
 
 
+def check_whole_micro_batches(args, rows):
+    """Under pipeline parallel with gradient accumulation, every micro-batch of a step must have as many rows
+    (fleet sends a step's activation shape once). A training set of `rows` whose share per data rank does not
+    divide into per_device_train_batch_size ends each epoch on a short batch, which needs dataloader_drop_last
+    (PaddleNLP's advice under pipeline parallel)."""
+    if args.pipeline_parallel_degree <= 1 or args.gradient_accumulation_steps <= 1 or args.dataloader_drop_last:
+        return
+    ranks, size = args.dataset_world_size, args.per_device_train_batch_size
+    share = -(-rows // ranks)
+    if share % size:
+        raise ValueError(
+            f"{rows} training rows over {ranks} data rank(s) end each epoch on a batch of {share % size} rows, short of "
+            f"per_device_train_batch_size={size}, which a pipeline step of gradient_accumulation_steps="
+            f"{args.gradient_accumulation_steps} cannot hold beside full ones: set dataloader_drop_last true to leave it out"
+        )
+
+
 def seed_stages_alike(seed):
     """After paddlenlp's set_seed, which seeds each pipeline stage apart (for stages that initialise their own
     layers): every stage of a data rank seeded as its first stage is. Here every stage runs the same rollout on

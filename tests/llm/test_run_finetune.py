@@ -19,11 +19,12 @@ TOKENS = [[5, 17, 23, 9, 40, 2, 11, 30]]
 
 
 def finetune(world, tmp_path, run, processes, **changes):
-    """run_finetune on the tiny world's demonstrations from its random model, 4 steps of 32 rows in 2
-    micro-batches; returns the losses rank 0 logged."""
+    """run_finetune on the tiny world's demonstrations from its random model, 4 steps of 4 rows in 2
+    micro-batches (no warmup, so that 4 steps lower the loss), each padded to its own longest row (the widths differ within steps: the pipe pads a step's
+    micro-batches to one); returns the losses rank 0 logged."""
     values = {
         "model_name_or_path": world["random_model"], "dataset_name_or_path": os.path.dirname(world["sft_train"]),
-        "max_steps": 4, "per_device_train_batch_size": 16, "gradient_accumulation_steps": 2, "logging_steps": 1,
+        "max_steps": 4, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "logging_steps": 1, "warmup_steps": 0,
         "output_dir": tmp_path / run, "logging_dir": tmp_path / run / "vdl", **changes,
     }
     argv = [token for key, value in values.items() for token in (f"--{key}", str(value))]

@@ -32,7 +32,7 @@ from paddle_alignment.data import PreferenceCollator, PreferenceDataset
 from paddle_alignment.distributed import finish_distributed_run
 from paddle_alignment.models.loading import load_score_model, load_tokenizer
 from paddle_alignment.models.score_model_utils import NORMALIZERS
-from paddle_alignment.pipeline_parallel import seed_stages_alike
+from paddle_alignment.pipeline_parallel import check_whole_micro_batches, seed_stages_alike
 
 
 @dataclass
@@ -103,10 +103,12 @@ def build_trainer(argv):
             prompt_key=data_args.prompt_key, label_key=data_args.label_key,
         )
 
+    train_dataset = pairs(data_args.train_datasets)
+    check_whole_micro_batches(training_args, len(train_dataset))
     return RewardTrainer(
         model=model,
         args=training_args,
-        train_dataset=pairs(data_args.train_datasets),
+        train_dataset=train_dataset,
         eval_dataset=pairs(data_args.eval_datasets) if data_args.eval_datasets else None,
         tokenizer=tokenizer,
         data_collator=PreferenceCollator(tokenizer.pad_token_id),

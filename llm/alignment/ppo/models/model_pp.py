@@ -33,11 +33,13 @@ from llm.alignment.ppo.models.pp_model_utils import (
     ValuePipeLoss,
     pair_labels,
     policy_labels,
+    same_width,
     split_pipeline_inputs,
     value_labels,
 )
 from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective
 from paddle_alignment.models.score_model import apply_score_config, refuse_sequence_parallel
+from paddle_alignment.data import IGNORE_INDEX
 from paddle_alignment.distributed import hybrid_communicate_group
 from paddle_alignment.pipeline_parallel import pipe_from_whole
 
@@ -123,6 +125,8 @@ class RewardPipeMixin(ScorePipeMixin):
 
     @classmethod
     def _prepare_pipeline_inputs_func(cls, inputs):
+        if isinstance(inputs, list):  # a step's collated batches from paddlenlp's Trainer
+            inputs = same_width(inputs, {"input_ids": 0, "attention_mask": 0})
         return split_pipeline_inputs(inputs, pair_labels)
 
     def get_loss_fn(self, config):
@@ -157,7 +161,26 @@ class LlamaRewardPipe(RewardPipeMixin, LlamaForCausalLMPipe):
     pass
 
 
-CAUSAL_LM_PIPES = {"qwen2": Qwen2ForCausalLMPipe, "llama": LlamaForCausalLMPipe}
+class FinetunePipeMixin:
+    """paddlenlp's causal-LM pipe as run_finetune trains it: each step's collated batches padded on the right to
+    one width (same_width) before paddlenlp packs them."""
+
+    @classmethod
+    def _prepare_pipeline_inputs_func(cls, inputs):
+        if isinstance(inputs, list):
+            inputs = same_width(inputs, {"input_ids": 0, "labels": IGNORE_INDEX, "attention_mask": 0})
+        return super()._prepare_pipeline_inputs_func(inputs)
+
+
+class Qwen2FinetunePipe(FinetunePipeMixin, Qwen2ForCausalLMPipe):
+    pass
+
+
+class LlamaFinetunePipe(FinetunePipeMixin, LlamaForCausalLMPipe):
+    pass
+
+
+CAUSAL_LM_PIPES = {"qwen2": Qwen2FinetunePipe, "llama": LlamaFinetunePipe}
 POLICY_PIPES = {"qwen2": Qwen2PolicyPipe, "llama": LlamaPolicyPipe}
 VALUE_PIPES = {"qwen2": Qwen2ValuePipe, "llama": LlamaValuePipe}
 REWARD_PIPES = {"qwen2": Qwen2RewardPipe, "llama": LlamaRewardPipe}

@@ -166,6 +166,20 @@ def pad_width(tensor, left, right, value):
     return F.pad(tensor, [left, right], value=value, mode="constant", data_format="NL")
 
 
+def same_width(micro_batches, right_pad_values):
+    """A step's collated micro-batch dicts (paddlenlp's Trainer hands a pipe a list of them, each padded to its
+    own longest row) padded on the right to the widest: fleet sends a step's activation shape once. Every key
+    is padded with its value in `right_pad_values` (positions past every row's end, which no loss reads)."""
+    width = max(batch["input_ids"].shape[1] for batch in micro_batches)
+    padded = []
+    for batch in micro_batches:
+        unknown = sorted(key for key, value in batch.items() if value.shape[1] != width and key not in right_pad_values)
+        if unknown:
+            raise ValueError(f"cannot pad the pipeline's micro-batches' {unknown} to one width: no pad value for them")
+        padded.append({key: pad_width(value, 0, width - value.shape[1], right_pad_values.get(key)) for key, value in batch.items()})
+    return padded
+
+
 def absent_as_empty(tensor, batch_size):
     """A zero-width float32 [batch_size, 0] tensor for a None entry (see the module docstring)."""
     return paddle.zeros([batch_size, 0], dtype="float32") if tensor is None else tensor

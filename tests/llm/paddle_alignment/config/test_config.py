@@ -27,6 +27,7 @@ from paddle_alignment.config.layout import (
 from paddle_alignment.config.multi_turn import MultiTurnArguments
 from paddle_alignment.config.paddlenlp_keys import canonical_options
 from paddle_alignment.models.tensor_parallel import check_splittable
+from paddle_alignment.pipeline_parallel import check_whole_micro_batches
 
 def test_valid_config_parses_with_paddlenlp_keys(tmp_path):
     model_args, data_args, args = parse(tmp_path, clip_range_ratio=0.2, clip_range_ratio_high=0.28)
@@ -313,3 +314,18 @@ def test_entry_points_without_pipeline_parallel_refuse_it_naming_the_one_that_ha
     with pytest.raises(ValueError, match=r"pipeline_parallel_degree=4: this entry point does not run pipeline-parallel models yet \(run_ppo.py, run_finetune.py and run_reward.py do\)"):
         refuse_pipeline_parallel(SimpleNamespace(pipeline_parallel_degree=4))
     refuse_pipeline_parallel(SimpleNamespace(pipeline_parallel_degree=1))
+
+
+def test_a_pipeline_step_of_accumulated_batches_needs_whole_batches_or_drop_last():
+    """Under pipeline parallel with accumulation, a training set whose share per data rank ends on a short batch
+    is refused naming dataloader_drop_last; whole batches, drop_last, no accumulation or no pipeline pass."""
+    def args(**changes):
+        return SimpleNamespace(**{"pipeline_parallel_degree": 2, "gradient_accumulation_steps": 2, "dataloader_drop_last": False,
+                                  "dataset_world_size": 2, "per_device_train_batch_size": 16, **changes})
+
+    with pytest.raises(ValueError, match=r"100 training rows over 2 data rank\(s\) end each epoch on a batch of 2 rows, short of "
+                                         r"per_device_train_batch_size=16.*set dataloader_drop_last true"):
+        check_whole_micro_batches(args(), 100)
+    check_whole_micro_batches(args(), 96)
+    for changes in ({"dataloader_drop_last": True}, {"gradient_accumulation_steps": 1}, {"pipeline_parallel_degree": 1}):
+        check_whole_micro_batches(args(**changes), 100)

@@ -10,6 +10,7 @@ draw from the micro-batch stream, so one stage that is both draws twice per micr
 """
 
 import copy
+import functools
 import logging
 import sys
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from paddlenlp.utils.log import logger as paddlenlp_logger
 
 from paddle_alignment.algos.token_stats import position_ids_from_mask
 from llm.alignment.ppo.models.model_pp import (
+    REWARD_PIPES,
     LlamaPolicyPipe,
     LlamaValuePipe,
     Qwen2PolicyPipe,
@@ -33,13 +35,18 @@ from llm.alignment.ppo.models.model_pp import (
     value_pipe_class,
 )
 from llm.alignment.ppo.models.pp_model_utils import (
+    NormalizedPairObjective,
     loss_scale_entry,
     micro_batch_groups,
     pad_micro_batches,
     policy_labels,
+    same_width,
     split_pipeline_inputs,
 )
+from paddle_alignment.algos import PAIRWISE_LOSSES
 from paddle_alignment.algos.losses import LossScale
+from paddle_alignment.algos.pairwise import scored_pairs
+from paddle_alignment.models.score_model_utils import build_normalizer
 from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective
 from paddle_alignment.models.score_model import LlamaForScore, Qwen2ForScore
 
@@ -296,6 +303,53 @@ def test_value_pipe_matches_the_plain_critic_loss_and_gradients(family):
     assert abs(pipe_loss - plain_loss) < 1e-5
     assert_same_grads(pipe, critic)
     assert max(stats["val/clipfrac_avg"] for stats in pipe.pipeline_loss.pop_stats()) > 0
+
+
+def pair_batch(pairs, width, seed):
+    """A collated batch of `pairs` preference pairs (better rows, then worse), right-padded to `width`."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(2, width + 1, 2 * pairs)
+    lengths[0] = width
+    mask = (np.arange(width)[None] < lengths[:, None]).astype("int64")
+    ids = np.where(mask == 1, rng.integers(1, TINY["vocab_size"], [2 * pairs, width]), PAD)
+    return {"input_ids": paddle.to_tensor(ids, dtype="int64"), "attention_mask": paddle.to_tensor(mask, dtype="int64")}
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.parametrize("loss_type", ["sequence-wise", "token-wise"])
+def test_reward_pipe_trains_as_the_plain_score_model_with_its_normalizer(family, loss_type):
+    """A step of two collated batches of different widths, as paddlenlp's Trainer hands them (padded to one
+    width by the pipe): the pipe's loss and gradients are the plain reward model's in training, its scores
+    normalized by running statistics that each forward updates (do_normalize), which end the same."""
+    paddle.seed(0)
+    plain = PLAIN[family][1](CONFIGS[family](), score_type="reward", normalizer_type="ExponentialMovingAverage", do_normalize=True)
+    pair_loss = functools.partial(scored_pairs, PAIRWISE_LOSSES.get(loss_type), regularization=0.01)
+    normalizer = build_normalizer("ExponentialMovingAverage", 1, 0.9)
+    pipe = built_like(REWARD_PIPES[family], plain, NormalizedPairObjective(pair_loss, normalizer, True, None))
+    micro_batches = [pair_batch(MICRO, 6, seed=6), pair_batch(MICRO, 4, seed=7)]
+
+    def plain_loss(batch):
+        scores = plain(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).scores[..., 0]
+        return pair_loss(scores, batch["input_ids"], batch["attention_mask"])[0], {}
+
+    plain_total, _ = plain_step(plain_loss, micro_batches)
+    packed = pipe._prepare_pipeline_inputs_func(micro_batches)
+    assert {tuple(ids.shape) for ids in packed[0][0]} == {(2 * MICRO, 6)}
+    assert abs(pipeline_step(pipe, packed) - plain_total) < 1e-5
+    assert_same_grads(pipe, plain)
+    for name in ("mean", "var", "count"):
+        np.testing.assert_allclose(getattr(normalizer, name).numpy(), getattr(plain.normalizer, name).numpy(), rtol=1e-6)
+    assert float(normalizer.count) == 2 * 2 * MICRO
+
+
+def test_same_width_pads_a_steps_batches_on_the_right_and_names_a_key_without_a_pad_value():
+    wide, narrow = pair_batch(2, 5, seed=8), pair_batch(2, 3, seed=9)
+    padded = same_width([wide, narrow], {"input_ids": 0, "attention_mask": 0})
+    assert padded[0] is not wide and np.array_equal(padded[0]["input_ids"].numpy(), wide["input_ids"].numpy())
+    np.testing.assert_array_equal(padded[1]["attention_mask"].numpy()[:, :3], narrow["attention_mask"].numpy())
+    assert padded[1]["attention_mask"].numpy()[:, 3:].sum() == 0 and padded[1]["input_ids"].shape == [4, 5]
+    with pytest.raises(ValueError, match=r"micro-batches' \['labels'\] to one width"):
+        same_width([wide, narrow | {"labels": narrow["input_ids"]}], {"input_ids": 0, "attention_mask": 0})
 
 
 def test_absent_old_and_reference_logprobs_travel_as_zero_width_tensors():

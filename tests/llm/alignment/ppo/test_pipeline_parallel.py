@@ -9,12 +9,13 @@ import json
 import os
 import re
 import shutil
+import time
 
 import numpy as np
 import pytest
 from paddlenlp.transformers import AutoModelForCausalLM
 
-from helpers import REPO_ROOT, first_step, launch_two_processes, overrides, train_log
+from helpers import FROZEN_RUN, REPO_ROOT, first_step, launch_two, launch_two_processes, overrides, train_log
 from paddle_alignment.models.score_model import AutoModelForScore
 from test_parallel import assert_resumed_run_ends_as_uninterrupted, optimizer_arrays, safetensors_arrays, step_metrics
 
@@ -155,12 +156,19 @@ def test_pipeline_checkpoints_hold_each_stages_part_and_load_whole(tiny_world, p
     np.testing.assert_array_equal(critic.qwen2.layers[0].self_attn.q_proj.weight.numpy(), final_critic.qwen2.layers[0].self_attn.q_proj.weight.numpy())
 
 
-def test_pipeline_parallel_run_resumes_from_its_checkpoint_exactly(tiny_world, pipeline_run, tmp_path):
-    """Rerunning the command with checkpoint-2 in output_dir resumes it: steps 3-4 log the same metrics, and the
-    final policy and every rank's optimizer states at step 4 are equal bit for bit."""
+def test_a_killed_pipeline_by_tensor_parallel_run_resumes_from_its_checkpoint_exactly(tiny_world, pipeline_run, tmp_path):
+    """Rank 3 (the last stage's second tensor-parallel rank) ends itself with SIGKILL once checkpoint-2 is written
+    (tests/probes/frozen_run.py): the launch ends within two minutes naming it. Rerunning the command resumes
+    checkpoint-2: steps 3-4 log the same metrics, and the final policy and critic and every rank's optimizer
+    states at step 4 are equal bit for bit."""
     output_dir, metrics = pipeline_run
-    shutil.copytree(output_dir / "checkpoint-2", tmp_path / "out" / "checkpoint-2")
-    logs = launch_four(pipeline_argv(tiny_world, tmp_path / "out"), tmp_path / "log")
+    argv = pipeline_argv(tiny_world, tmp_path / "out")
+    started = time.monotonic()
+    code, output, _ = launch_two("kill-rank-3:2", [TINY_CONFIG, *argv], tmp_path / "killed_log", script=FROZEN_RUN, processes=4)
+    assert code != 0 and time.monotonic() - started < 120, output[-3000:]
+    assert re.search(r"Container rank 3 status failed .* code -9", output), output[-3000:]
+    assert not (tmp_path / "out" / "checkpoint-4").exists()
+    logs = launch_four(argv, tmp_path / "log")
     assert_resumed_run_ends_as_uninterrupted(logs[0], tmp_path / "out", output_dir, metrics, parts=PARTS)
     for part in PARTS:
         name = f"checkpoint-4/value_optimizer.{part}.pdopt"

@@ -8,6 +8,7 @@ forward pass of the score model.
 
 import contextlib
 import functools
+import itertools
 
 import paddle
 import paddle.distributed as dist
@@ -50,7 +51,7 @@ class RewardTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         dataset = eval_dataset or self.eval_dataset
         shard = rank_shard(len(dataset))
         size = self.args.per_device_eval_batch_size
-        batches = [self.data_collator([dataset[i] for i in shard[start : start + size]]) for start in range(0, len(shard), size)]
+        batches = (self.data_collator([dataset[i] for i in shard[start : start + size]]) for start in range(0, len(shard), size))
         totals = {"correct": 0.0, "pairs": 0.0, "loss": 0.0, "score_sum": 0.0, "score_square_sum": 0.0}
         scored = self.scored_through_pipeline(batches) if is_pipeline_stage(self.model) else self.scored(batches)
         for loss, better, worse in scored:
@@ -91,16 +92,15 @@ class RewardTrainer(SplitModelMixin, FusedOptimizerMixin, Trainer):
         pipeline = self.model_wrapped
         if not isinstance(pipeline, PipelineParallel):
             raise RuntimeError("a pipeline stage evaluates through fleet's pipeline, which the trainer builds when training starts")
-        steps = self.args.gradient_accumulation_steps
-        for start in range(0, len(batches), steps):
-            group = batches[start : start + steps]
+        while group := list(itertools.islice(batches, self.args.gradient_accumulation_steps)):
             pipeline._p2p_helper.clear_meta_cache()  # as paddlenlp's prediction step: training shares the helper
+            packed = self.model._prepare_pipeline_inputs_func(group)  # (the batches padded to one width)
             with micro_batches(pipeline, len(group)), self.autocast_smart_context_manager():
-                outputs = pipeline.eval_batch(self.model._prepare_pipeline_inputs_func(group), compute_loss=False)
+                outputs = pipeline.eval_batch(packed, compute_loss=False)
             pipeline._p2p_helper.clear_meta_cache()
             if pipeline.is_pipeline_last_stage():
-                for inputs, scores in zip(group, outputs):
-                    yield self.model.objective.evaluated(scores, inputs["input_ids"], inputs["attention_mask"])
+                for scores, input_ids, attention_mask in zip(outputs, *packed[1]):
+                    yield self.model.objective.evaluated(scores, input_ids, attention_mask)
 
 
 @contextlib.contextmanager

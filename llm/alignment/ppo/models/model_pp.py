@@ -37,10 +37,10 @@ from llm.alignment.ppo.models.pp_model_utils import (
     split_pipeline_inputs,
     value_labels,
 )
-from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective
-from paddle_alignment.models.score_model import apply_score_config, refuse_sequence_parallel
 from paddle_alignment.data import IGNORE_INDEX
 from paddle_alignment.distributed import hybrid_communicate_group
+from paddle_alignment.models.ppo_model_utils import PolicyObjective, ValueObjective
+from paddle_alignment.models.score_model import apply_score_config, refuse_sequence_parallel
 from paddle_alignment.pipeline_parallel import pipe_from_whole
 
 LM_HEAD_PREFIX = "lm_head"

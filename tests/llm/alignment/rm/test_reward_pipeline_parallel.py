@@ -18,10 +18,11 @@ from paddle_alignment.models.score_model import AutoModelForScore
 
 pytestmark = pytest.mark.slow
 
-# 4 steps of 2 micro-batches of 16 pairs, the tiny config's ExponentialMovingAverage normalizer updated by every
-# micro-batch; evaluation at the end, 32 pairs a micro-batch (200 pairs: the pipeline's last call is shorter).
-CHANGES = {"max_steps": 4, "per_device_train_batch_size": 16, "gradient_accumulation_steps": 2,
-           "per_device_eval_batch_size": 32, "logging_steps": 1}
+# 4 steps of 3 micro-batches of 8 pairs, the token-wise loss, the tiny config's ExponentialMovingAverage normalizer
+# updated by every micro-batch; evaluation at the end, 24 pairs a micro-batch (each data rank's 32 pairs: one
+# pipeline call of a batch of 24 and one of 8, padded to one width).
+CHANGES = {"max_steps": 4, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 3,
+           "per_device_eval_batch_size": 24, "logging_steps": 1, "loss_type": "token-wise"}
 TOKENS = [[5, 17, 23, 9, 40, 2, 11, 30]]
 
 
@@ -60,7 +61,7 @@ def test_reward_model_training_at_pipeline_by_data_parallel_equals_data_parallel
         assert json.load(f)["architectures"] == ["Qwen2ForScore"]
     (scores, statistics), (plain_scores, plain_statistics) = scored(folder), scored(tmp_path / "plain")
     np.testing.assert_allclose(scores, plain_scores, rtol=1e-4, atol=1e-5)
-    assert statistics["count"][0] == 4 * 2 * 2 * 32  # steps x micro-batches x data ranks x sequences
+    assert statistics["count"][0] == 4 * 3 * 2 * 16  # steps x micro-batches x data ranks x sequences
     for name, value in plain_statistics.items():
         np.testing.assert_allclose(statistics[name], value, rtol=1e-5, err_msg=name)
 

@@ -51,10 +51,3 @@ def demo_reward_model(demo_world, tmp_path_factory):
 def real_world(tmp_path_factory):
     """Qwen2.5-0.5B's shape (2 layers, vocabulary 151,936) in Hugging Face's layout, and its data."""
     return build_real_world(str(tmp_path_factory.mktemp("real_world")))
-
-
-def pytest_collection_modifyitems(items):
-    """The files marked `scheduled_first` (minutes of work each) collected first, in their order: pytest-xdist
-    hands out whole files in collection order, so they start at once and the other worker's short files fill
-    their time, instead of one worker running them alone at the end of the suite."""
-    items.sort(key=lambda item: item.get_closest_marker("scheduled_first") is None)

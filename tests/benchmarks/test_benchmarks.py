@@ -10,8 +10,6 @@ from paddlenlp.transformers import AutoModelForCausalLM
 from helpers import REPO_ROOT
 from paddle_alignment.models.hf_layout import save_hf_weights
 
-pytestmark = pytest.mark.scheduled_first  # minutes of work: handed to a worker first (conftest.py)
-
 
 def run_script(*argv, last_line=True):
     """The script's last output line (or, with `last_line` false, its whole output)."""

@@ -18,8 +18,6 @@ from llm.tools import convert_gsm8k
 from paddle_alignment.models.hf_layout import weight_files
 from paddle_alignment.models.loading import load_tokenizer, pretrained_causal_lm
 
-pytestmark = pytest.mark.scheduled_first  # minutes of work: handed to a worker first (conftest.py)
-
 PPO_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "ppo_argument.json")
 GSM8K_CONFIG = os.path.join(REPO_ROOT, "config", "qwen", "grpo_gsm8k_argument.json")
 GSM8K_SAMPLE = os.path.join(REPO_ROOT, "tests", "data", "gsm8k_sample.jsonl")

@@ -15,8 +15,6 @@ from llm.tools.build_tiny_model import build_tiny_model
 from llm.tools.build_tokenizer import build_tokenizer
 from llm.tools.gen_calc import generate
 
-pytestmark = pytest.mark.scheduled_first  # minutes of work: handed to a worker first (conftest.py)
-
 SFT_TOOL_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "sft_tool_argument.json")
 GRPO_TOOL_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_tool_argument.json")
 

@@ -23,7 +23,7 @@ from test_parallel import assert_resumed_run_ends_as_uninterrupted, optimizer_ar
 PROBES = os.path.join(REPO_ROOT, "tests", "probes")
 TINY_CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "grpo_argument.json")
 
-pytestmark = [pytest.mark.slow, pytest.mark.scheduled_first]
+pytestmark = pytest.mark.slow
 
 
 def split_messages(log_dir):

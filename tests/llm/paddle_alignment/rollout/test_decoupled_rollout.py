@@ -28,8 +28,6 @@ from paddle_alignment.rollout.decode import ROLLOUT_OPS
 from paddle_alignment.rollout.decoupled import process_alive, whole_model_argv
 from paddle_alignment.rollout.worker import ExperienceNeeds, RolloutWorker
 
-pytestmark = pytest.mark.scheduled_first  # minutes of work: handed to a worker first (conftest.py)
-
 # A checkpoint every 2 steps, no evaluation, a learning rate that does not depend on max_steps.
 QUICK = {"rollout_mode": "decoupled", "save_steps": 2, "eval_datasets": "", "lr_scheduler_type": "constant"}
 

@@ -92,11 +92,11 @@ def pipe_from_whole(pipe_class, whole, *args, **kwargs):
         pipe = pipe_class(stage_config(whole.config), *args, **kwargs)
     finally:
         paddle.set_rng_state(random_state)
-    missing = set(pipe.state_dict()) - set(whole.state_dict())
+    state, held = whole.state_dict(), pipe.state_dict()
+    missing = set(held) - set(state)
     if missing:
         raise ValueError(f"{type(whole).__name__} has no weights for the pipeline stage's {sorted(missing)[:5]}")
-    pipe.set_state_dict(stage_weights_from_whole(pipe, whole.state_dict()))
-    state, held = whole.state_dict(), pipe.state_dict()
+    pipe.set_state_dict(stage_weights_from_whole(pipe, state))
     outside = {name: buffer for name, buffer in whole.named_buffers() if name in state and name not in held}
     WHOLE_MODELS[pipe] = WholeModel(type(whole).__name__, outside)
     mark_shared_weight_copies(pipe)
@@ -318,8 +318,8 @@ def is_pipeline_stage(model):
 def save_stages(pipe, folder, tokenizer):
     """The model whose stages the pipeline group holds, written to `folder` as one from_pretrained-loadable
     model in any layout: each stage's weights by its first data rank into a safetensors shard of its own (the
-    last stage's with the buffers no stage holds), the shards' index, config and tokenizer by rank 0 (paddlenlp's sharded-checkpoint layout). Every rank
-    calls it."""
+    last stage's with the buffers no stage holds), the shards' index, config and tokenizer by rank 0
+    (paddlenlp's sharded-checkpoint layout). Every rank calls it."""
     hcg = hybrid_communicate_group()
     stages, stage = hcg.get_pipe_parallel_world_size(), hcg.get_stage_id()
     names = stage_names(pipe)
